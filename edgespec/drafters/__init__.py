@@ -1,0 +1,30 @@
+"""Drafting methods. Each implements the Drafter protocol of ``base.py``."""
+
+from __future__ import annotations
+
+from ..config import SamplingConfig, SpecConfig
+from ..models.target import Target
+from .base import AdaptiveLength, Drafter
+from .draft_model import DraftModelDrafter, check_vocabularies
+
+
+def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | None = None,
+                 draft: Target | None = None) -> Drafter | None:
+    """The drafter for ``spec.method`` (None for plain decoding).
+
+    ``draft`` is an already loaded draft model; otherwise ``spec.draft`` is loaded.
+    """
+    sampling = sampling or SamplingConfig()
+    if spec.method == "none":
+        return None
+    if spec.method == "draft":
+        from ..models import load
+
+        draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
+        check_vocabularies(target, draft)
+        return DraftModelDrafter(draft, sampling, spec.num_draft, spec.max_draft, spec.adaptive,
+                                 vocab_size=target.args.vocab_size)
+    raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
+
+
+__all__ = ["AdaptiveLength", "DraftModelDrafter", "Drafter", "check_vocabularies", "make_drafter"]

@@ -1,0 +1,104 @@
+"""Classic speculative decoding: a smaller model that shares the target's vocabulary drafts a chain.
+
+The draft model keeps its own KV cache in step with the committed history: after each
+verification the rejected drafts are trimmed away (O(1)) and the tokens it has not seen yet
+(the bonus token, and the last draft when all were accepted) are fed at the next proposal.
+With sampling, drafts are drawn from the draft's distribution filtered by the same
+SamplingConfig as the target's, and that distribution is attached as ``q`` for the verifier.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import SamplingConfig
+from ..errors import DraftMismatchError
+from ..models.target import Target, TargetOutput
+from ..sampling import make_rng, probs, sample
+from ..tree import DraftTree, chain_mask
+from ..verify import Accepted
+from .base import AdaptiveLength
+
+_PREFILL_CHUNK = 512
+
+
+def check_vocabularies(target: Target, draft: Target) -> None:
+    """Raise DraftMismatchError unless both tokenizers map the same strings to the same ids."""
+    tv, dv = target.tokenizer.vocab(), draft.tokenizer.vocab()
+    if tv == dv:
+        return
+    differ = sorted(t for t in set(tv) ^ set(dv) | {t for t in set(tv) & set(dv) if tv[t] != dv[t]})
+    raise DraftMismatchError(
+        f"draft model {draft.name} has a different vocabulary from target {target.name} "
+        f"({len(dv)} vs {len(tv)} tokens; e.g. {differ[:3]!r} differ); a draft model must "
+        "share the target's tokenizer")
+
+
+class DraftModelDrafter:
+    name = "draft"
+
+    def __init__(self, draft: Target, sampling: SamplingConfig, num_draft: int = 4,
+                 max_draft: int = 12, adaptive: bool = True, vocab_size: int | None = None):
+        self.draft = draft
+        self.sampling = sampling
+        self.length = AdaptiveLength(num_draft, max_draft, adaptive)
+        self.vocab_size = vocab_size  # the target's logits width, for q
+        self.rng = make_rng(sampling, stream=1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.history: list[int] = []
+        self.cache = self.draft.make_cache()
+
+    def prefill(self, tokens: list[int], target_out: TargetOutput | None,
+                sampling: SamplingConfig | None = None) -> None:
+        self.reset()
+        self.history = list(tokens)
+        if sampling is not None:
+            self.sampling = sampling
+        self.rng = make_rng(self.sampling, stream=1)
+
+    def _feed(self, tokens: list[int]) -> mx.array:
+        """Run the draft over tokens it has not seen; commit them; return the last logits."""
+        for a in range(0, len(tokens), _PREFILL_CHUNK):
+            chunk = tokens[a : a + _PREFILL_CHUNK]
+            cache = self.cache
+            cache.reserve(len(chunk))
+            mask = chain_mask(len(chunk), cache.key_positions(), cache.offset, cache.window)
+            out = self.draft.forward(chunk, cache.offset, mask, cache)
+            self.cache.commit()
+        return out.logits[-1]
+
+    def _choose(self, logits: mx.array) -> tuple[int, np.ndarray | None]:
+        if self.sampling.greedy:
+            return int(mx.argmax(logits).item()), None
+        q = probs(np.array(logits.astype(mx.float32)), self.sampling)
+        if self.vocab_size and len(q) < self.vocab_size:
+            q = np.pad(q, (0, self.vocab_size - len(q)))
+        return sample(q, self.rng), q
+
+    def propose(self, budget: int) -> DraftTree:
+        k = min(self.length.k, budget)
+        root = self.history[-1]
+        if k <= 0:
+            return DraftTree.chain(root, [])
+        logits = self._feed(self.history[self.cache.length :])
+        drafts, qs = [], []
+        for i in range(k):
+            tok, q = self._choose(logits)
+            drafts.append(tok)
+            qs.append(q)
+            if i < k - 1:
+                logits = self._feed([tok])
+        q_rows = None if self.sampling.greedy else np.stack(qs + [np.zeros_like(qs[0])])
+        return DraftTree.chain(root, drafts, q_rows)
+
+    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
+        k, m = tree.num_drafted, accepted.num_accepted
+        if k > 0:
+            # the cache holds the history plus drafts[:k-1]; keep the accepted ones
+            self.cache.trim((k - 1) - min(m, k - 1))
+        self.history.extend(accepted.tokens)
+        self.length.observe(k, m)
+

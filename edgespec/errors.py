@@ -1,0 +1,37 @@
+"""Typed errors raised at edgespec's public boundary.
+
+Every error message names the offending value and what would have been accepted, so the CLI can
+print it as one line and the server can map the *type* to an HTTP status in one place.
+"""
+
+
+class EdgespecError(Exception):
+    """Base class for every error edgespec raises on purpose."""
+
+
+class ConfigError(EdgespecError, ValueError):
+    """A setting (sampling, method, draft length, ...) has a value that is not allowed."""
+
+
+class ModelLoadError(EdgespecError):
+    """A model reference could not be resolved or its files could not be read."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model exists but uses an architecture, tensor type or format edgespec does not support."""
+
+
+class TokenizerError(ModelLoadError):
+    """The tokenizer is missing or cannot be built from the model's files."""
+
+
+class DraftMismatchError(EdgespecError):
+    """The draft model cannot draft for this target (e.g. different vocabulary)."""
+
+
+class ContextOverflowError(EdgespecError, ValueError):
+    """The prompt (plus the requested new tokens) does not fit the model's context window."""
+
+
+class CacheRollbackError(EdgespecError):
+    """A cache cannot be rolled back, so speculative decoding cannot use it."""

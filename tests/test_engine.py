@@ -1,0 +1,199 @@
+"""The engine on tiny random models: exactness against naive decoding, oracles, adversaries.
+
+The naive reference recomputes the whole sequence without any cache state carried over, so it
+checks the KV cache, tree positions, masks and commit gathers of the fast path.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec import Engine, SamplingConfig
+from edgespec.drafters import DraftModelDrafter
+from edgespec.models import load_target
+from edgespec.sampling import probs
+from edgespec.tree import DraftTree, chain_mask
+
+from .tiny import make_tiny_model
+
+PROMPT = "the cat sat on the mat and then"
+KINDS = {
+    "llama": {},
+    "window": {"window": 8},
+    "bias": {"bias": True},
+}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def target(request, tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), **KINDS[request.param])
+    return load_target(path, dtype="float32")
+
+
+def naive_greedy(target, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by recomputing the full sequence from scratch each step."""
+    seq, out = list(ids), []
+    for _ in range(n):
+        cache = target.make_cache()
+        mask = chain_mask(len(seq), cache.key_positions(), 0, cache.window)
+        logits = target.forward(seq, 0, mask, cache).logits[-1]
+        t = int(mx.argmax(logits).item())
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+class ScriptedDrafter:
+    """Proposes trees built by ``make(root, history, budget)``; for adversarial tests."""
+
+    name = "scripted"
+
+    def __init__(self, make):
+        self.make = make
+
+    def reset(self):
+        self.history = []
+
+    def prefill(self, tokens, target_out, sampling=None):
+        self.history = list(tokens)
+
+    def propose(self, budget):
+        return self.make(self.history[-1], self.history, budget)
+
+    def update(self, accepted, tree, target_out):
+        self.history.extend(accepted.tokens)
+
+
+def test_plain_decoding_matches_naive(target):
+    eng = Engine(target)
+    ids = eng.encode(PROMPT)
+    res = eng.generate(PROMPT, max_tokens=24)
+    assert res.token_ids == naive_greedy(target, ids, 24)
+    assert res.stats.tau == 1.0 and res.stats.target_forwards == 24
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_self_draft_oracle(target, k):
+    """The target drafting for itself accepts every token: tau = k + 1, output unchanged."""
+    plain = Engine(target).generate(PROMPT, max_tokens=40)
+    drafter = DraftModelDrafter(target, SamplingConfig(), num_draft=k, max_draft=k, adaptive=False)
+    res = Engine(target, drafter).generate(PROMPT, max_tokens=40)
+    assert res.token_ids == plain.token_ids
+    assert res.stats.acceptance_rate == 1.0
+    full_steps = 40 // (k + 1)
+    assert res.stats.target_forwards == full_steps + (1 if 40 % (k + 1) else 0)
+
+
+def _random_tree(rng, vocab, root, budget, n_max=9):
+    n = int(rng.integers(0, min(n_max, budget) + 1))
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n + 1)]
+    tokens = [root] + [int(rng.integers(0, vocab)) for _ in range(n)]
+    return DraftTree(tokens, parents)
+
+
+def test_random_trees_keep_greedy_output(target):
+    rng = np.random.default_rng(0)
+    vocab = target.args.vocab_size
+    plain = Engine(target).generate(PROMPT, max_tokens=30)
+    drafter = ScriptedDrafter(lambda root, hist, budget: _random_tree(rng, vocab, root, budget))
+    res = Engine(target, drafter).generate(PROMPT, max_tokens=30)
+    assert res.token_ids == plain.token_ids
+
+
+def test_oracle_trees_with_decoys_accept_the_true_branch(target):
+    """Trees whose true continuation hides in a random branch among decoys: the verifier must
+    find it (many tokens per forward), and gathering that branch into the cache must keep the
+    rest of the output exact."""
+    eng = Engine(target)
+    ids = eng.encode(PROMPT)
+    truth = eng.generate(PROMPT, max_tokens=48).token_ids
+    rng = np.random.default_rng(1)
+    vocab = target.args.vocab_size
+
+    def make(root, hist, budget):
+        done = len(hist) - len(ids)
+        want = truth[done : done + min(4, budget)]
+        tokens, parents = [root], [-1]
+        u = 0
+        for t in want:
+            for _ in range(int(rng.integers(0, 3))):  # decoy siblings before the true child
+                tokens.append(int((t + rng.integers(1, vocab)) % vocab))
+                parents.append(u)
+            tokens.append(t)
+            parents.append(u)
+            u = len(tokens) - 1
+        return DraftTree(tokens, parents)
+
+    res = Engine(target, ScriptedDrafter(make)).generate(PROMPT, max_tokens=48)
+    assert res.token_ids == truth
+    assert res.stats.tau > 4.0
+
+
+def test_long_generation_with_window_rollover(tmp_path):
+    """A sliding-window model past the point where the cache drops old entries."""
+    target = load_target(make_tiny_model(tmp_path, window=8), dtype="float32")
+    drafter = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+    eng = Engine(target, drafter)
+    ids = eng.encode(PROMPT)
+    res = eng.generate(PROMPT, max_tokens=400)
+    assert len(res.token_ids) == 400
+    assert res.token_ids[-20:] == naive_greedy(target, ids + res.token_ids[:-20], 20)
+
+
+def test_sampling_first_token_distribution(tmp_path):
+    """End to end: with a different draft model, the first sampled token follows the target."""
+    target = load_target(make_tiny_model(tmp_path / "t", seed=3, scale=0.3), dtype="float32")
+    draft = load_target(make_tiny_model(tmp_path / "d", seed=4, scale=0.3), dtype="float32")
+    cfg = SamplingConfig(temperature=1.0, top_k=6)
+    eng = Engine(target)
+    ids = eng.encode(PROMPT)
+    cache = target.make_cache()
+    logits = target.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, None), cache).logits[-1]
+    p = probs(np.array(logits)[None], cfg)[0]
+    counts = np.zeros(len(p))
+    for seed in range(1500):
+        s = SamplingConfig(temperature=1.0, top_k=6, seed=seed)
+        drafter = DraftModelDrafter(draft, s, num_draft=3, adaptive=False)
+        first = Engine(target, drafter, s).generate(PROMPT, max_tokens=2).token_ids[0]
+        counts[first] += 1
+    from scipy.stats import chisquare
+
+    keep = p > 0
+    assert counts[~keep].sum() == 0
+    assert chisquare(counts[keep], p[keep] * counts.sum()).pvalue > 1e-3
+
+
+def test_seeded_sampling_is_reproducible(target):
+    s = SamplingConfig(temperature=0.8, seed=5)
+    d1 = DraftModelDrafter(target, s, num_draft=2)
+    d2 = DraftModelDrafter(target, s, num_draft=2)
+    a = Engine(target, d1, s).generate(PROMPT, max_tokens=20).token_ids
+    b = Engine(target, d2, s).generate(PROMPT, max_tokens=20).token_ids
+    assert a == b
+
+
+def test_prefix_reuse_keeps_output_and_skips_prefill(target):
+    """A second turn that resends the history reuses the KV of the shared prefix."""
+    fresh = Engine(target, reuse_prefix=False)
+    eng = Engine(target)
+    turn1 = [{"role": "user", "content": "the cat sat"}]
+    first = eng.generate(turn1, max_tokens=12)
+    turn2 = turn1 + [{"role": "assistant", "content": first.text},
+                     {"role": "user", "content": "and then"}]
+    second = eng.generate(turn2, max_tokens=12)
+    assert second.stats.cached_tokens > 5
+    assert second.token_ids == fresh.generate(turn2, max_tokens=12).token_ids
+    # an unrelated prompt starts from scratch and is still exact
+    third = eng.generate("zebra crossing", max_tokens=12)
+    assert third.token_ids == fresh.generate("zebra crossing", max_tokens=12).token_ids
+
+
+def test_interrupted_stream_leaves_engine_usable(target):
+    eng = Engine(target)
+    stream = eng.stream(PROMPT, max_tokens=30)
+    next(stream)
+    stream.close()  # e.g. a client that disconnected
+    again = eng.generate(PROMPT, max_tokens=10).token_ids
+    assert again == Engine(target, reuse_prefix=False).generate(PROMPT, max_tokens=10).token_ids

@@ -1,0 +1,139 @@
+"""Acceptance rules: greedy exactness and the sampling distribution (statistical tests).
+
+The sampling tests use a toy target: a Markov chain P over a 5-token vocabulary, and a toy
+drafter Q (a different Markov chain). Speculative steps with drafts drawn from Q, verified by
+``verify_sampling``, must produce 3-token continuations distributed exactly as P's. A chi-square
+test on 125 outcomes checks it, and the same test run on a deliberately wrong rule must fail,
+which shows the test has the power to catch a broken rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edgespec.config import SamplingConfig
+from edgespec.sampling import probs, sample
+from edgespec.tree import DraftTree
+from edgespec.verify import Accepted, verify_greedy, verify_sampling
+
+V, L = 5, 3
+
+
+def _markov(seed: int, sharp: float = 1.5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    m = rng.dirichlet(np.ones(V) * sharp, size=V)
+    return m
+
+
+P, Q = _markov(1), _markov(2, sharp=0.7)
+
+
+def _draft_tree(root: int, rng, shape: str) -> DraftTree:
+    """Drafts from Q: a chain of 3, or a tree with 2 i.i.d. children per node, depth 2."""
+    tokens, parents = [root], [-1]
+    frontier = [0]
+    depth, width = (3, 1) if shape == "chain" else (2, 2)
+    for _ in range(depth):
+        nxt = []
+        for u in frontier:
+            for _ in range(width):
+                tokens.append(sample(Q[tokens[u]], rng))
+                parents.append(u)
+                nxt.append(len(tokens) - 1)
+        frontier = nxt
+    q = np.stack([Q[t] for t in tokens])
+    return DraftTree(tokens, parents, q)
+
+
+def _generate(rule, shape: str, n: int, seed: int, one_hot: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(V**L)
+    for _ in range(n):
+        seq, last = [], 0
+        while len(seq) < L:
+            tree = _draft_tree(last, rng, shape)
+            if one_hot:
+                tree.q = None
+            p = np.stack([P[t] for t in tree.tokens])
+            acc = rule(tree, p, rng)
+            seq.extend(acc.tokens)
+            last = seq[-1]
+        counts[np.ravel_multi_index(seq[:L], (V,) * L)] += 1
+    return counts
+
+
+def _exact() -> np.ndarray:
+    pr = np.zeros((V,) * L)
+    for idx in np.ndindex(*(V,) * L):
+        prev, p = 0, 1.0
+        for t in idx:
+            p *= P[prev, t]
+            prev = t
+        pr[idx] = p
+    return pr.ravel()
+
+
+def _pvalue(counts: np.ndarray) -> float:
+    expected = _exact() * counts.sum()
+    keep = expected > 5  # chi-square needs enough expected mass per cell; pool the rest
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    return chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_sampling_rule_matches_target_distribution(shape, one_hot):
+    counts = _generate(verify_sampling, shape, 12000, seed=7, one_hot=one_hot)
+    assert _pvalue(counts) > 1e-3
+
+
+def _wrong_rule(tree: DraftTree, p: np.ndarray, rng) -> Accepted:
+    """Accepts a draft whenever p(x) >= q(x) and otherwise resamples from p — biased."""
+    u, path = 0, [0]
+    while tree.children(u):
+        c = tree.children(u)[0]
+        x = tree.tokens[c]
+        if p[u][x] < tree.q[u][x]:
+            break
+        u = c
+        path.append(u)
+    return Accepted(path, [tree.tokens[i] for i in path[1:]] + [sample(p[u], rng)])
+
+
+def test_statistical_test_catches_a_wrong_rule():
+    counts = _generate(_wrong_rule, "chain", 12000, seed=7)
+    assert _pvalue(counts) < 1e-6
+
+
+def test_greedy_walks_the_matching_branch():
+    # root 9 -> children 1 (node 1), 2 (node 2); node 2 -> 3 (node 3), 4 (node 4)
+    tree = DraftTree([9, 1, 2, 3, 4], [-1, 0, 0, 2, 2])
+    argmax = np.array([2, 0, 4, 0, 7])
+    acc = verify_greedy(tree, argmax)
+    assert acc.path == [0, 2, 4] and acc.tokens == [2, 4, 7] and acc.num_accepted == 2
+    assert verify_greedy(tree, np.array([5, 0, 0, 0, 0])).tokens == [5]
+
+
+def test_probs_filters():
+    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    assert np.allclose(probs(logits, SamplingConfig()), [[1, 0, 0, 0, 0]])
+    assert np.allclose(probs(logits, SamplingConfig(temperature=1.0)), np.exp(logits))
+    top2 = probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert np.allclose(top2, [[5 / 7, 2 / 7, 0, 0, 0]])
+    nucleus = probs(logits, SamplingConfig(temperature=1.0, top_p=0.8))  # 0.5+0.2 < 0.8 -> 3 kept
+    assert np.allclose(nucleus, [[0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]])
+    minp = probs(logits, SamplingConfig(temperature=1.0, min_p=0.3))  # keep p >= 0.15
+    assert np.allclose(minp, [[0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]])
+    hot = probs(logits, SamplingConfig(temperature=2.0))
+    assert hot[0, 4] > 0.05 and np.isclose(hot.sum(), 1)
+
+
+def test_sample_follows_distribution():
+    rng = np.random.default_rng(0)
+    p = np.array([0.1, 0.0, 0.6, 0.3])
+    draws = np.bincount([sample(p, rng) for _ in range(20000)], minlength=4)
+    assert draws[1] == 0
+    assert chisquare(draws[[0, 2, 3]], p[[0, 2, 3]] * 20000).pvalue > 1e-3
