@@ -230,12 +230,20 @@ def environment(target: Target, *, max_tokens: int, num_prompts: int, prompts_fi
     return {
         "backend": _backend(), "device": _device_name(), "blas": f"{info.name} ({info.status})",
         "dtype": target.dtype, "model": target.name, "draft_model": draft.name if draft else None,
+        "weights_mb": _weights_mb(target), "draft_weights_mb": _weights_mb(draft) if draft else None,
         "num_draft": num_draft if draft else None, "mlx_version": mx.__version__,
         "edgespec_version": __version__, "max_tokens": max_tokens,
         "prompts_file": str(prompts_file) if prompts_file else None, "num_prompts": num_prompts,
         "sampling": asdict(sampling or SamplingConfig()), "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
     }
+
+
+def _weights_mb(model: Target) -> float:
+    """Bytes of a model's parameters: peak memory minus this is what decoding itself used."""
+    from mlx.utils import tree_flatten
+
+    return round(sum(v.nbytes for _, v in tree_flatten(model.model.parameters())) / 2**20, 1)
 
 
 def _backend() -> str:

@@ -83,7 +83,37 @@ dtype_option = click.option("--dtype", default=None, type=click.Choice(DTYPES),
                             help="weight dtype [default: float32 on CPU, native on GPU]")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose heavier commands (server, TUI) are imported only when used."""
+
+    lazy = {
+        "serve": ("edgespec.server.cli:serve", "Serve an OpenAI-compatible endpoint on loopback."),
+        "chat": ("edgespec.tui.cli:chat", "Chat in the terminal, accepted drafts shown live."),
+    }
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx, name):
+        if name not in self.lazy:
+            return super().get_command(ctx, name)
+        import importlib
+
+        module, attr = self.lazy[name][0].split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as e:
+            raise click.ClickException(f"`edgespec {name}` needs {e.name!r}, which is not installed; "
+                                       "run scripts/setup.sh or pip install 'edgespec'") from None
+
+    def format_commands(self, ctx, formatter):
+        rows = [(n, (self.lazy[n][1] if n in self.lazy else
+                     self.commands[n].get_short_help_str(limit=60))) for n in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgespec")
 def main() -> None:
     """edgespec: speculative decoding for local LLMs on MLX — faster, same output."""

@@ -6,6 +6,7 @@ from ..config import SamplingConfig, SpecConfig
 from ..models.target import Target
 from .base import AdaptiveLength, Drafter
 from .draft_model import DraftModelDrafter, check_vocabularies
+from .lookup import PromptLookupDrafter
 
 
 def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | None = None,
@@ -24,7 +25,9 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
         check_vocabularies(target, draft)
         return DraftModelDrafter(draft, sampling, spec.num_draft, spec.max_draft, spec.adaptive,
                                  vocab_size=target.args.vocab_size)
+    if spec.method == "lookup":
+        return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
 
 
-__all__ = ["AdaptiveLength", "DraftModelDrafter", "Drafter", "check_vocabularies", "make_drafter"]
+__all__ = ["AdaptiveLength", "DraftModelDrafter", "Drafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]
