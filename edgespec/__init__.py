@@ -10,9 +10,16 @@ Public API::
     result.text, result.token_ids, result.stats.tau
 """
 
-from . import _blas
+import warnings
 
-BLAS = _blas.load_optimized_blas()  # must run before mlx is imported anywhere
+from . import _blas
+from .errors import ConfigError as _ConfigError
+
+try:
+    BLAS = _blas.load_optimized_blas()  # must run before mlx is imported anywhere
+except _ConfigError as _e:  # a bad EDGESPEC_BLAS must not make the package unimportable
+    warnings.warn(f"{_e}; using MLX's reference BLAS (slow)", stacklevel=2)
+    BLAS = _blas.BlasInfo("reference", None, "reference", None, str(_e))
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig  # noqa: E402
 from .drafters import make_drafter  # noqa: E402

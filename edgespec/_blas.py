@@ -4,17 +4,18 @@ Contract: ``load_optimized_blas()`` must run before anything imports ``mlx`` (``
 calls it first). On Linux it dlopens MKL or OpenBLAS with ``RTLD_GLOBAL``. The ``mlx[cpu]`` wheel
 links a bundled reference BLAS, but the loader resolves ``libmlx.so``'s ``cblas_sgemm`` in the global
 scope first, so a global library loaded *before* mlx wins; loaded after, it has no effect (Python
-dlopens extensions ``RTLD_NOW``, so the slot is already bound). On macOS it does nothing (Accelerate). ``EDGESPEC_BLAS`` = ``off`` | ``mkl`` | ``openblas`` | a library path;
-an explicit choice that cannot be loaded raises :class:`ConfigError`. ``blas_info()`` says what is in
-use, read from libmlx's own GOT slot for ``cblas_sgemm`` (ground truth, not a guess).
+dlopens extensions ``RTLD_NOW``: the slot is bound at import). On macOS it does nothing (Accelerate).
+``EDGESPEC_BLAS`` = ``off`` | ``mkl`` | ``openblas`` | a library path; an explicit choice that cannot
+be loaded raises :class:`ConfigError`. ``blas_info()`` reports what libmlx's own GOT slot for
+``cblas_sgemm`` points into (ground truth, checked against timings), not a guess.
 
-Default order, measured on the 2-core Intel Xeon (AVX-512) dev machine, mlx 0.32.4, float32
-``x @ w.T`` median ms, SmolLM2-135M shapes (1 row | 8 rows):
-    576x576:        reference .36 | 2.5    openblas(2 thr) .09 | .21    mkl(2 thr) .022 | .26
-    576x1536:       reference .94 | 4.8    openblas(2 thr) .23 | .55    mkl(2 thr) .051 | .19
-    576x49152 head: reference 26  | 215    openblas(2 thr) 11  | 25     mkl(2 thr) 2.9  | 11
-    one forward (30 layers + head): reference 144 | 864, openblas 40 | 93, mkl 10 | 46
-One thread is 2-5x slower than two for both libraries, so their default (all cores) is kept.
+Default order, measured on the 2-core Intel Xeon (AVX-512) dev box, mlx 0.32.4: float32 ``x @ w.T``
+at SmolLM2-135M shapes, ms for 1 | 8 rows, best median of 14 runs (machine shared, noisy):
+    576->1536 (up):   reference .62 | 4.6   openblas .22 | .53   mkl .040 | .135
+    576->49152 (head): reference 22 | 185   openblas 8.5 | 21.5  mkl 2.5 | 10.7
+    whole forward (mlx-lm llama, 30 layers, 64-token cache): reference 161 | 1009,
+    openblas 95 | 165, mkl 47 | 80.  Threads: 1 thread is 1.5-4x slower than 2 for both, and the
+    libraries' default (= 2 here) matches 2, so thread settings are left to MKL/OPENBLAS_NUM_THREADS.
 Hence MKL (pip ``mkl``, in ``sys.prefix/lib``) first, then system OpenBLAS (``libopenblas0-pthread``).
 """
 
@@ -40,7 +41,9 @@ class BlasInfo:
 
     name: str  # "mkl" | "openblas" | "custom" | "reference" | "accelerate"
     path: str | None  # the library we loaded, if any
-    status: str  # "active" | "inactive" | "loaded before mlx" | "loaded after mlx" | "reference" | "n/a (macOS)"
+    # "active" | "inactive" (libmlx is bound elsewhere) | "loaded before mlx" | "loaded after mlx"
+    # (mlx not mapped yet, so unverified) | "reference" | "n/a (macOS)"
+    status: str
     provider: str | None  # library that libmlx's cblas_sgemm resolves to (None: mlx not loaded yet)
     detail: str = ""
 
@@ -80,9 +83,8 @@ def _load(choice: str) -> BlasInfo:
             except OSError as e:
                 errors.append(str(e))
                 continue
-            if before:
-                return BlasInfo(name, path, "loaded before mlx", None)
-            return BlasInfo(name, path, "loaded after mlx", None, "mlx.core was imported first: likely no effect")
+            late = "" if before else "mlx.core was imported first: likely no effect"
+            return BlasInfo(name, path, "loaded after mlx" if late else "loaded before mlx", None, late)
     if choice:
         raise ConfigError(f"EDGESPEC_BLAS={choice!r} but nothing could be loaded ({errors or 'not found'});"
                           " pip install mkl, apt-get install libopenblas0-pthread, or set EDGESPEC_BLAS=off")
@@ -108,7 +110,7 @@ def _got_offset(path: str, symbol: bytes) -> int | None:
     shoff, shentsize, shnum = struct.unpack_from("<Q10xHH", elf, 0x28)
     sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     for _, sh_type, _, _, off, size, link, _, _, _ in sections:
-        if sh_type != 4:  # SHT_RELA; its sh_link is .dynsym, whose sh_link is .dynstr
+        if sh_type != 4 or link == 0:  # SHT_RELA; its sh_link is .dynsym, whose sh_link is .dynstr
             continue
         symtab, strtab = sections[link][4], sections[sections[link][6]][4]
         for r_offset, r_info, _ in struct.iter_unpack("<QQq", elf[off:off + size]):
@@ -133,10 +135,7 @@ def _mlx_sgemm_provider() -> str | None:
 
 
 def _symbol_address(lib: ctypes.CDLL, symbol: str = "cblas_sgemm") -> int | None:
-    try:
-        return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
-    except AttributeError:
-        return None
+    return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value if hasattr(lib, symbol) else None
 
 
 def blas_info() -> BlasInfo:

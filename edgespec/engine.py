@@ -220,9 +220,9 @@ class Engine:
             stats.target_forwards += 1
             stats.proposed += tree.num_drafted
             stats.accepted += acc.num_accepted
-            step = self._emit(acc, tree, eos, text, max_new - done)
+            step, used = self._emit(acc, tree, eos, text, max_new - done)
             done += len(acc.tokens)
-            stats.generated_tokens += len(acc.tokens)
+            stats.generated_tokens += used
             root = acc.tokens[-1]
             seq.extend(acc.tokens)
             if step.finish_reason is None and done >= max_new:
@@ -260,10 +260,16 @@ class Engine:
         self._cache = self.target.make_cache()
         return self._cache, 0
 
-    def _emit(self, acc: Accepted, tree: DraftTree, eos, text: "TextStream", room: int) -> Step:
-        """Turn committed tokens into a Step, cutting at EOS, a stop string or the token limit."""
-        kept, reason = [], None
+    def _emit(self, acc: Accepted, tree: DraftTree, eos, text: TextStream,
+              room: int) -> tuple[Step, int]:
+        """Turn committed tokens into a Step, cutting at EOS, a stop string or the token limit.
+
+        Also returns how many tokens the output used (the kept ones, plus an EOS that ended it):
+        tokens committed after the end do not count in the stats.
+        """
+        kept, reason, used = [], None, 0
         for t in acc.tokens[:room]:
+            used += 1
             if t in eos:
                 reason = "stop"
                 break
@@ -272,4 +278,4 @@ class Engine:
                 reason = "stop"
                 break
         drafted = min(len(kept), acc.num_accepted)
-        return Step(kept, text.take(), drafted, tree.num_drafted, reason)
+        return Step(kept, text.take(), drafted, tree.num_drafted, reason), used

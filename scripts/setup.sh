@@ -86,13 +86,14 @@ if [[ $os == Linux ]]; then
     elif has_openblas; then
         blas=openblas
     else
-        sudo=""
-        [[ $(id -u) == 0 ]] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo="sudo -n"; }
-        if command -v apt-get >/dev/null && { [[ $(id -u) == 0 ]] || [[ -n $sudo ]]; }; then
+        sudo=()  # root: nothing; otherwise passwordless sudo, or no apt step
+        [[ $(id -u) == 0 ]] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo=(sudo -n); }
+        if command -v apt-get >/dev/null && { [[ $(id -u) == 0 ]] || ((${#sudo[@]})); }; then
             say "installing libopenblas0-pthread with apt-get"
             export DEBIAN_FRONTEND=noninteractive
-            quiet $sudo apt-get install -y -q libopenblas0-pthread ||
-                { quiet $sudo apt-get update -q && quiet $sudo apt-get install -y -q libopenblas0-pthread; } ||
+            quiet "${sudo[@]}" apt-get install -y -q libopenblas0-pthread ||
+                { quiet "${sudo[@]}" apt-get update -q &&
+                    quiet "${sudo[@]}" apt-get install -y -q libopenblas0-pthread; } ||
                 warn "apt-get install libopenblas0-pthread failed"
         elif [[ $arch == x86_64 && ${EDGESPEC_BLAS:-} != openblas ]]; then
             quiet "$vpy" -m pip install -q mkl || warn "pip install mkl failed"

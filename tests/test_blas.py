@@ -49,6 +49,17 @@ def test_missing_explicit_library_is_a_config_error(tmp_path):
         _blas._load(str(tmp_path / "libnope.so"))
 
 
+def test_nothing_found_falls_back_to_reference(monkeypatch):
+    if not LINUX:
+        pytest.skip("Linux only")
+    monkeypatch.setattr(_blas, "_candidates", lambda name: [])
+    info = _blas._load("")
+    assert (info.name, info.path, info.status) == ("reference", None, "reference")
+    assert "setup.sh" in info.detail
+    with pytest.raises(ConfigError, match="mkl"):
+        _blas._load("mkl")
+
+
 def test_off_leaves_the_reference_blas_in_place():
     if not LINUX:
         pytest.skip("Linux only")
@@ -88,3 +99,14 @@ def test_eight_rows_cost_little_more_than_one():
         if ratios[-1] < 4:
             break
     assert min(ratios) < 4, f"8-row/1-row matmul time ratios {ratios}; {info}"
+
+
+
+def test_bad_env_value_warns_instead_of_breaking_import():
+    if not LINUX:
+        pytest.skip("EDGESPEC_BLAS is only read on Linux")
+    env = {**os.environ, "EDGESPEC_BLAS": "bogus"}
+    proc = subprocess.run([sys.executable, "-c", "import edgespec; print(edgespec.BLAS.name)"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "reference"
+    assert "bogus" in proc.stderr and "Traceback" not in proc.stderr

@@ -197,3 +197,15 @@ def test_interrupted_stream_leaves_engine_usable(target):
     stream.close()  # e.g. a client that disconnected
     again = eng.generate(PROMPT, max_tokens=10).token_ids
     assert again == Engine(target, reuse_prefix=False).generate(PROMPT, max_tokens=10).token_ids
+
+
+def test_multi_turn_with_draft_model_reuses_both_caches(target):
+    drafter = DraftModelDrafter(target, SamplingConfig(), num_draft=3)
+    eng = Engine(target, drafter)
+    fresh = Engine(target, reuse_prefix=False)
+    turn = [{"role": "user", "content": "the cat sat"}]
+    for follow_up in ("and then", "why"):
+        out = eng.generate(turn, max_tokens=10)
+        assert out.token_ids == fresh.generate(turn, max_tokens=10).token_ids
+        turn = turn + [{"role": "assistant", "content": out.text}, {"role": "user", "content": follow_up}]
+    assert eng.last_stats.cached_tokens > 0 and drafter.cache.length > 0

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..errors import DraftMismatchError
+from ..errors import CacheRollbackError, DraftMismatchError
 from ..models.target import Target, TargetOutput
 from ..sampling import make_rng, probs, sample
 from ..tree import DraftTree, chain_mask
@@ -53,7 +53,19 @@ class DraftModelDrafter:
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig | None = None) -> None:
-        self.reset()
+        # Keep the draft's KV for the prefix this prompt shares with the last sequence (a chat
+        # resends its history each turn); rebuild from scratch when nothing is shared.
+        common = 0
+        for a, b in zip(self.history[: self.cache.length], tokens[:-1]):
+            if a != b:
+                break
+            common += 1
+        try:
+            self.cache.trim(self.cache.length - common)
+        except CacheRollbackError:  # a sliding window dropped what the shared prefix needs
+            common = 0
+        if not common:
+            self.reset()
         self.history = list(tokens)
         if sampling is not None:
             self.sampling = sampling

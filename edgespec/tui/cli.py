@@ -1,0 +1,57 @@
+"""``edgespec chat [MODEL]``: the Textual chat app, or the line-based chat when stdin or stdout is
+not a terminal (or with ``--plain``). Registered on the main group by ``edgespec/cli.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import partial
+
+import click
+
+from ..cli import build_configs, dtype_option, guarded, method_option, options_for
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..errors import EdgespecError
+from .session import open_session
+
+
+@click.command("chat")
+@click.argument("model_ref", metavar="[MODEL]", default="demo", required=False)
+@method_option
+@options_for(SpecConfig, SamplingConfig, GenerationConfig)
+@click.option("--system", default=None, help="system message for the conversation")
+@dtype_option
+@click.option("--plain", is_flag=True,
+              help="line-based chat (automatic when stdin or stdout is not a terminal)")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="colour accepted-draft tokens in line mode "
+              "(auto: when stdout is a terminal and NO_COLOR is unset)")
+@guarded
+def chat(model_ref, method, system, dtype, plain, color, **kw):
+    """Chat with MODEL (HF repo id, local dir, .gguf file; default: the demo model), seeing
+    which tokens the target accepted from the drafter, live."""
+    sampling, spec, gen = build_configs(kw, method)
+    load = partial(open_session, model_ref, spec=spec, sampling=sampling, generation=gen,
+                   system=system, dtype=dtype)
+    if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        from .plain import run_plain
+
+        on = color == "always" or (color == "auto" and sys.stdout.isatty()
+                                   and not os.environ.get("NO_COLOR"))
+        sys.exit(run_plain(lambda: load(status=_to_stderr), color=on))
+    from .app import ChatApp
+
+    app = ChatApp(lambda status: load(status=status), model_ref)
+    app.run()
+    if app.load_error:
+        raise EdgespecError(app.load_error)
+    sys.exit(app.return_code or 0)
+
+
+def _to_stderr(line: str) -> None:
+    click.echo(line, err=True)
+
+
+if __name__ == "__main__":
+    chat()

@@ -1,0 +1,254 @@
+"""A chat conversation over one Engine, independent of any user interface.
+
+Contract:
+
+- :class:`ChatSession` owns the engine, the message history and the settings a person may change
+  mid-conversation (method, temperature). Everything that touches the engine (loading, building a
+  drafter, generating) must run on one thread at a time: the engine is not thread-safe. Other
+  threads may call :meth:`ChatSession.stop` and the setters (``set_method``, ``set_temperature``),
+  which only record what the next turn will use.
+- :class:`EngineThread` is that one thread for an app: MLX streams belong to the thread that made
+  them, and MLX 0.32 can abort the process at exit unless each thread that ran MLX releases its
+  streams (``mx.clear_streams()``) before it ends; :meth:`EngineThread.close` does that.
+- :meth:`ChatSession.reply` yields :class:`Update` events whose :class:`Piece` runs say which text
+  came from accepted drafts and which the target produced itself (the bonus / corrected token).
+- Each turn sends the whole history through the model's chat template; the engine reuses the KV
+  cache of the prefix shared with the previous turn, so earlier turns are not read again
+  (``Update.stats.cached_tokens`` says how many prompt tokens were reused).
+- The plain-decoding rate is known once a warm turn (not the session's first generation, which
+  pays one-time costs) ran with method ``none`` for at least 16 tokens, or after
+  :meth:`ChatSession.measure_plain`; from then on updates carry the speedup against it. It is an
+  indication (short runs, different prompts); ``edgespec bench`` is the measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import NamedTuple
+
+import mlx.core as mx
+
+from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
+from ..drafters import make_drafter
+from ..engine import Engine, Stats, Step
+from ..errors import ConfigError
+from ..models import Target, load
+from ..tokenizer import StreamDecoder, Tokenizer
+
+_MIN_PLAIN_TOKENS = 16  # a plain turn shorter than this gives no usable rate
+_MEASURE_PROMPT = [{"role": "user", "content": "Write two sentences about the sea."}]
+
+
+class Piece(NamedTuple):
+    """A run of answer text, and whether it came from accepted drafts."""
+
+    text: str
+    drafted: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What one engine step adds to the answer, with a snapshot of the running stats."""
+
+    pieces: tuple[Piece, ...]
+    stats: Stats
+    speedup: float | None = None  # tokens/s against the plain-decoding rate, when known
+    finish_reason: str | None = None
+
+
+class StepSplitter:
+    """Splits each Step's text into drafted and target-produced runs.
+
+    ``Step.text`` is authoritative (stop strings hold text back or cut it). A StreamDecoder fed the
+    same ids yields the same text token by token, so the text of each step is the next slice of
+    the decoded stream and every character can be traced to the token that completed it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._decoder = StreamDecoder(tokenizer)
+        self._queue: deque[Piece] = deque()  # decoded, not yet released by the engine
+
+    def split(self, step: Step) -> tuple[Piece, ...]:
+        for i, token in enumerate(step.token_ids):
+            self._push(self._decoder.add(token), drafted=i < step.accepted)
+        if step.finish_reason is not None:
+            self._push(self._decoder.flush(), drafted=False)
+        return self._take(step.text)
+
+    def _push(self, text: str, drafted: bool) -> None:
+        if text:
+            self._queue.append(Piece(text, drafted))
+
+    def _take(self, text: str) -> tuple[Piece, ...]:
+        out, need = [], len(text)
+        while need and self._queue:
+            piece = self._queue.popleft()
+            if len(piece.text) > need:
+                self._queue.appendleft(Piece(piece.text[need:], piece.drafted))
+                piece = Piece(piece.text[:need], piece.drafted)
+            out.append(piece)
+            need -= len(piece.text)
+        if "".join(p.text for p in out) != text:  # cannot happen while both decoders agree
+            self._queue.clear()
+            return (Piece(text, False),) if text else ()
+        return tuple(merge_pieces(out))
+
+
+def merge_pieces(pieces) -> list[Piece]:
+    """Adjacent runs of the same kind joined into one."""
+    out: list[Piece] = []
+    for p in pieces:
+        if out and out[-1].drafted == p.drafted:
+            out[-1] = Piece(out[-1].text + p.text, p.drafted)
+        elif p.text:
+            out.append(p)
+    return out
+
+
+class ChatSession:
+    """A multi-turn conversation with one target and a switchable drafter."""
+
+    def __init__(self, target: Target, *, spec: SpecConfig | None = None,
+                 sampling: SamplingConfig | None = None,
+                 generation: GenerationConfig | None = None, system: str | None = None,
+                 draft: Target | None = None, dtype: str | None = None):
+        self.target = target
+        self.spec = spec or SpecConfig()
+        self.sampling = sampling or SamplingConfig()
+        self.generation = generation or GenerationConfig()
+        self.system = system
+        self.dtype = dtype
+        self._draft = draft  # the draft model, loaded on first use of method "draft"
+        self.engine = Engine(target, None, self.sampling)
+        self.method = self.spec.method
+        self._built: str = "none"  # the method engine.drafter was built for
+        self._stop = threading.Event()
+        self.messages: list[dict] = []
+        self.plain_rate: float | None = None
+        self._warm = False  # has the target generated in this process yet?
+        self.new_conversation()
+
+    # settings: take effect at the next turn ------------------------------------------------
+
+    @property
+    def methods(self) -> list[str]:
+        """Methods this session can switch to ("draft" only when a draft model was given)."""
+        return [m for m in METHODS if m != "draft" or self.spec.draft]
+
+    def set_method(self, method: str) -> None:
+        if method not in self.methods:
+            hint = " (start with --draft REF to use 'draft')" if method == "draft" else ""
+            raise ConfigError(f"unknown method {method!r}; choose one of: "
+                              f"{', '.join(self.methods)}{hint}")
+        self.method = method
+
+    def set_temperature(self, temperature: float) -> None:
+        self.sampling = dataclasses.replace(self.sampling, temperature=temperature)
+
+    def new_conversation(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def stop(self) -> None:
+        """Ask the running reply to end after its current step (safe from any thread)."""
+        self._stop.set()
+        self.engine.cancel()
+
+    # engine work: one thread at a time ------------------------------------------------------
+
+    def prepare(self, status: Callable[[str], None] = lambda _: None) -> None:
+        """Build the drafter for ``self.method`` if it changed (loads the draft model once)."""
+        if self.method == self._built:
+            return
+        method = self.method
+        try:
+            if method == "draft" and self._draft is None:
+                status(f"loading draft model {self.spec.draft}…")
+                self._draft = load(self.spec.draft, dtype=self.dtype, progress=True)
+            spec = dataclasses.replace(self.spec, method=method)
+            self.engine.drafter = make_drafter(spec, self.target, self.sampling,
+                                               draft=self._draft if method == "draft" else None)
+        except Exception:
+            self.method = self._built  # keep the session usable with the previous method
+            raise
+        self._built = method
+
+    def reply(self, text: str) -> Iterator[Update]:
+        """Answer the user message ``text``; the answer (even a stopped one) joins the history."""
+        self.prepare()
+        self.messages.append({"role": "user", "content": text})
+        splitter, answer, finished = StepSplitter(self.target.tokenizer), [], False
+        try:
+            for step in self.engine.stream(self.messages, generation=self.generation,
+                                           sampling=self.sampling):
+                if self._stop.is_set() and step.finish_reason is None:
+                    self.engine.cancel()  # also covers a stop that came before the stream began
+                pieces = splitter.split(step)
+                answer.extend(p.text for p in pieces)
+                yield self._update(pieces, step.finish_reason)
+            finished = True
+        finally:
+            self._stop.clear()  # cleared here, not at the start: a stop may come before that
+            if answer or finished:
+                self.messages.append({"role": "assistant", "content": "".join(answer)})
+            else:
+                self.messages.pop()  # nothing was said: forget the question too
+        self._note_plain_rate(self.engine.last_stats)
+
+    def measure_plain(self, max_tokens: int = 32) -> float:
+        """Measure plain decoding on a short fixed prompt, without touching the conversation."""
+        engine = Engine(self.target, None, SamplingConfig(), reuse_prefix=False)
+        if not self._warm:
+            engine.generate(_MEASURE_PROMPT, max_tokens=4)
+            self._warm = True
+        stats = engine.generate(_MEASURE_PROMPT, max_tokens=max_tokens).stats
+        if stats.generated_tokens:
+            self.plain_rate = stats.tokens_per_s
+        return self.plain_rate or 0.0
+
+    def _update(self, pieces, finish_reason) -> Update:
+        stats = copy.copy(self.engine.last_stats)
+        speedup = None
+        if self.plain_rate and stats.method != "none" and stats.tokens_per_s:
+            speedup = stats.tokens_per_s / self.plain_rate
+        return Update(pieces, stats, speedup, finish_reason)
+
+    def _note_plain_rate(self, stats: Stats) -> None:
+        if stats.method == "none" and stats.generated_tokens >= _MIN_PLAIN_TOKENS and self._warm:
+            self.plain_rate = stats.tokens_per_s
+        self._warm = True
+
+
+def open_session(model_ref: str, *, spec: SpecConfig, sampling: SamplingConfig,
+                 generation: GenerationConfig, system: str | None = None,
+                 dtype: str | None = None,
+                 status: Callable[[str], None] = lambda _: None) -> ChatSession:
+    """Load the target (and the draft model when the method needs it) into a ready session."""
+    status(f"loading {model_ref}…")
+    target = load(model_ref, dtype=dtype, progress=True)
+    session = ChatSession(target, spec=spec, sampling=sampling, generation=generation,
+                          system=system, dtype=dtype)
+    session.prepare(status)
+    return session
+
+
+class EngineThread:
+    """One long-lived thread for all MLX work of an app (see the module docstring)."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-engine")
+
+    async def run(self, fn: Callable, *args):
+        """Run ``fn(*args)`` on the engine thread and wait for it without blocking the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
+
+    def close(self) -> None:
+        """Wait for the running work (stop it first), release the thread's MLX streams, end it."""
+        self._pool.submit(mx.clear_streams)
+        self._pool.shutdown(wait=True)
