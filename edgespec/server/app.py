@@ -1,0 +1,195 @@
+"""The FastAPI app: OpenAI-compatible routes over one ``ServerState``.
+
+Contract: ``create_app(state)`` serves ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` and ``GET /health``. A request is validated and encoded on arrival
+(``convert``), queued to the single worker, and answered as one JSON body or as server-sent
+events (OpenAI chunks, a usage chunk when ``stream_options.include_usage``, then ``[DONE]``).
+Every exception, whatever raised it, is answered through ``errors.error_response``. A client that
+goes away cancels its job (streaming: when the response ends for any reason; non-streaming: the
+handler polls for the disconnect), so the worker skips or stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from ..engine import Step
+from ..errors import EdgespecError
+from . import convert
+from .errors import UnavailableError, error_response, error_status_and_body
+from .middleware import ApiKeyGuard, BodyLimit
+from .responses import DONE, KEEP_ALIVE, ChatFormat, CompletionFormat, sse
+from .schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    Health,
+    ModelList,
+)
+from .state import ServerState
+from .worker import Done, Failed, GenRequest, Job, Worker
+
+_TICK_S = 1.0  # how often a waiting handler checks the worker and its client
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+_SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The ASGI app serving ``state``'s model (the state is started and stopped by its owner)."""
+    app = FastAPI(title="edgespec", version=__version__, strict_content_type=False,
+                  description="OpenAI-compatible endpoint for speculative decoding with edgespec.")
+    for exc_type in (Exception, EdgespecError, HTTPException, RequestValidationError):
+        app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
+    s = state.settings
+    app.add_middleware(BodyLimit, max_bytes=s.max_body_bytes)
+    if s.api_key:
+        app.add_middleware(ApiKeyGuard, api_key=s.api_key)
+    if s.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(s.cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+    _add_routes(app, state)
+    app.openapi = lambda: _openapi(app, bool(s.api_key))
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}})
+    async def health() -> JSONResponse:
+        w = state.worker
+        body = {"status": "ok" if w.alive else "stopped", "model": state.model_name,
+                "method": state.method, "methods": list(state.methods), "queued": w.queued,
+                "busy": w.busy, **w.counts}
+        return JSONResponse(body, status_code=200 if w.alive else 503)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> dict:
+        return {"object": "list", "data": [
+            {"id": n, "object": "model", "created": state.created, "owned_by": "edgespec"}
+            for n in state.listed_names]}
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion,
+              responses={**_ERRORS, 200: _SSE})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        gen = await run_in_threadpool(convert.chat_request, body, state)  # encoding: off the loop
+        fmt = ChatFormat(state.model_name, _include_usage(body))
+        return await _answer(request, state.worker, gen, fmt, bool(body.stream))
+
+    @app.post("/v1/completions", response_model=Completion, responses={**_ERRORS, 200: _SSE})
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        gen = await run_in_threadpool(convert.completion_request, body, state)
+        fmt = CompletionFormat(state.model_name, _include_usage(body))
+        return await _answer(request, state.worker, gen, fmt, bool(body.stream))
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream: bool) -> Response:
+    job = worker.submit(gen, asyncio.get_running_loop())
+    if stream:
+        return _EventStream(job, _stream_events(job, worker, fmt))
+    try:
+        parts: list[str] = []
+        async for event in _events(job, worker, request):
+            if isinstance(event, Step):
+                parts.append(event.text)
+            elif isinstance(event, Done):
+                return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.stats))
+            elif isinstance(event, Failed):
+                raise event.error
+        return Response(status_code=499)  # the client has gone; nobody reads this
+    finally:
+        job.cancel()  # no-op once Done; otherwise the worker skips or stops the job
+
+
+async def _events(job: Job, worker: Worker, request: Request | None = None) -> AsyncIterator:
+    """The job's events up to the terminal one; ``None`` for each tick spent waiting.
+
+    Returns early if ``request``'s client disconnects; raises ``UnavailableError`` if the
+    worker stops without answering, so no handler waits forever.
+    """
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), _TICK_S)
+        except asyncio.TimeoutError:
+            if not worker.alive:
+                raise UnavailableError("the generation worker stopped before answering") from None
+            if request is not None and await request.is_disconnected():
+                return
+            yield None
+            continue
+        yield event
+        if isinstance(event, (Done, Failed)):
+            return
+
+
+async def _stream_events(job: Job, worker: Worker, fmt) -> AsyncIterator[str]:
+    opening = fmt.opening()
+    if opening is not None:
+        yield sse(opening)
+    try:
+        async for event in _events(job, worker):
+            if event is None:
+                yield KEEP_ALIVE  # fails on a closed socket, which ends (and cancels) the job
+            elif isinstance(event, Step):
+                if event.text:
+                    yield sse(fmt.delta(event.text))
+            elif isinstance(event, Done):
+                yield sse(fmt.closing(event.finish_reason))
+                if fmt.include_usage:
+                    yield sse(fmt.usage_chunk(event.stats))
+            else:
+                yield sse(error_status_and_body(event.error)[1])
+    except UnavailableError as e:
+        yield sse(error_status_and_body(e)[1])
+    yield DONE
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose job is cancelled however the response ends (done, error, hang-up)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def _openapi(app: FastAPI, with_key: bool) -> dict:
+    """FastAPI's schema, corrected: validation errors are 400 (not 422); the bearer key, if any."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                             routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        comps.pop("HTTPValidationError", None)
+        comps.pop("ValidationError", None)
+        if with_key:
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            for name, path in schema["paths"].items():
+                if name.startswith("/v1/"):
+                    for op in path.values():
+                        op["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,123 @@
+"""``edgespec serve``: the click command (registered by ``edgespec/cli.py``).
+
+Contract: importing this module needs only click and edgespec's config; fastapi and uvicorn are
+imported when the command runs, so the rest of the CLI starts without loading them. Errors
+go through ``edgespec.cli.guarded`` (looked up when the command runs, so ``edgespec.cli`` can
+import this module at any point). The model is loaded, with progress, before the socket is served;
+the URL is printed once the port is bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+import time
+
+import click
+
+from ..config import DTYPES, METHODS, SpecConfig, fields_of
+from ..errors import EdgespecError
+
+
+def _guarded(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from ..cli import guarded
+
+        return guarded(fn)(*args, **kwargs)
+
+    return wrapper
+
+
+def _spec_help(name: str) -> str:
+    return next(f.metadata["help"] for f in fields_of(SpecConfig) if f.name == name)
+
+
+@click.command("serve")
+@click.option("--model", "model_ref", default="demo", show_default=True,
+              help="HF repo id, local model dir, .gguf file, or 'demo'")
+@click.option("--method", default=None, type=click.Choice(METHODS),
+              help="default drafting method (a request may pick another available one) "
+                   "[default: the best available: 'draft' with --draft, else 'none']")
+@click.option("--draft", default=None, help=_spec_help("draft"))
+@click.option("--num-draft", default=SpecConfig.num_draft, show_default=True, type=int,
+              help=_spec_help("num_draft"))
+@click.option("--dtype", default=None, type=click.Choice(DTYPES),
+              help="weight dtype [default: float32 on CPU, native on GPU]")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to bind (loopback unless you say otherwise)")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="port (0 = any free port)")
+@click.option("--api-key", default=None, envvar="EDGESPEC_API_KEY",
+              help="require 'Authorization: Bearer KEY' on /v1 [env: EDGESPEC_API_KEY]")
+@click.option("--max-tokens-limit", default=2048, show_default=True, type=int,
+              help="largest max_tokens a request may ask for (also the default)")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="allow browser requests from this origin (repeatable; '*' for any)")
+@click.option("--model-alias", "aliases", multiple=True,
+              help="another name requests may use for the served model (repeatable)")
+@click.option("--no-prefix-reuse", is_flag=True,
+              help="recompute every prompt instead of reusing the KV of the last request's prefix")
+@_guarded
+def serve(model_ref, method, draft, num_draft, dtype, host, port, api_key, max_tokens_limit,
+          cors_origins, aliases, no_prefix_reuse):
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    try:
+        import uvicorn
+
+        from . import ServerSettings, ServerState, create_app
+    except ImportError as e:
+        raise EdgespecError(f"`edgespec serve` needs fastapi and uvicorn ({e}); "
+                            "install them with: pip install fastapi uvicorn") from e
+    settings = ServerSettings(
+        model=model_ref, method=method, draft=draft, num_draft=num_draft, dtype=dtype,
+        api_key=api_key, max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins),
+        aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)
+    sock = _bind(host, port)  # before loading: a busy port fails in a second, not after the load
+    click.echo(f"edgespec: loading {model_ref}" + (f" (draft {draft})" if draft else ""), err=True)
+    t0 = time.perf_counter()
+    state = ServerState.start(settings)
+    try:
+        app = create_app(state)
+        where = _url(host, sock.getsockname()[1])
+        click.echo(f"edgespec: {state.model_name} loaded in {time.perf_counter() - t0:.1f} s; "
+                   f"method {state.method} (available: {', '.join(state.methods)})", err=True)
+        if not _is_loopback(host) and not api_key:
+            click.echo(f"edgespec: warning: listening on {host} without --api-key: anyone who can "
+                       "reach this port can use the model", err=True)
+        click.echo(f"edgespec: serving at {where}/v1 (OpenAI base_url); Ctrl+C to stop")
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it shut down on: a normal stop
+            pass
+        click.echo("edgespec: stopped", err=True)
+    finally:
+        state.stop()
+        sock.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise EdgespecError(f"cannot listen on {host}:{port}: {e.strerror or e}; "
+                            "pick another --port (0 = any free port)") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

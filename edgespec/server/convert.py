@@ -1,0 +1,110 @@
+"""OpenAI request bodies -> validated generation requests for the worker.
+
+Contract: ``chat_request`` / ``completion_request`` either return a ``GenRequest`` the engine
+will accept (token ids within the context window, config objects built) or raise a typed error
+that ``errors.py`` maps to a 4xx: ``ModelNotFoundError`` for a model name the server does not
+serve, ``RequestError`` for an unsupported field value, ``ConfigError`` (from the config
+dataclasses, message unchanged) for a bad sampling / stop / method value,
+``ContextOverflowError`` for a prompt that does not fit. Encoding happens here, on the request's
+thread, so a bad request is answered at once rather than after the queue.
+"""
+
+from __future__ import annotations
+
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..errors import ContextOverflowError
+from .errors import ModelNotFoundError, RequestError
+from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
+from .state import ServerState, spec_config
+from .worker import GenRequest
+
+# OpenAI's defaults for fields a request leaves out (temperature 1 samples, as OpenAI does).
+_OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0}
+
+
+def chat_request(body: ChatCompletionRequest, state: ServerState) -> GenRequest:
+    _check_common(body, state)
+    if not body.messages:
+        raise RequestError("messages must contain at least one message", "messages")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    configs = _configs(body, state, max_tokens, param)
+    ids = _encode([_message(m) for m in body.messages], state, "messages")
+    return GenRequest(ids, *configs)
+
+
+def completion_request(body: CompletionRequest, state: ServerState) -> GenRequest:
+    _check_common(body, state)
+    if body.echo:
+        raise RequestError("echo=true is not supported; the response holds only the new text", "echo")
+    if body.suffix:
+        raise RequestError("suffix (fill-in-the-middle) is not supported; put the text in the prompt",
+                           "suffix")
+    if body.best_of not in (None, 1):
+        raise RequestError(f"best_of must be 1 (one completion per request), got {body.best_of}", "best_of")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise RequestError(f"prompt must be one string; a batch of {len(prompt)} prompts is not "
+                               "supported (send one request each)", "prompt")
+        prompt = prompt[0]
+    elif isinstance(prompt, list):
+        vocab = state.target.args.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids must be in [0, {vocab}), got {bad[0]}", "prompt")
+    configs = _configs(body, state, body.max_tokens, "max_tokens")
+    return GenRequest(_encode(prompt, state, "prompt"), *configs)
+
+
+def _check_common(body: GenerationFields, state: ServerState) -> None:
+    if body.model is not None and body.model not in state.names:
+        raise ModelNotFoundError(f"model {body.model!r} is not served here; this server serves "
+                                 f"{', '.join(repr(n) for n in state.listed_names)}", "model")
+    if body.n not in (None, 1):
+        raise RequestError(f"n must be 1 (one choice per request), got {body.n}", "n")
+
+
+def _configs(body: GenerationFields, state: ServerState, max_tokens: int | None,
+             param: str) -> tuple[GenerationConfig, SamplingConfig, SpecConfig]:
+    limit = state.settings.max_tokens_limit
+    if max_tokens is not None and max_tokens > limit:
+        raise RequestError(f"{param} is {max_tokens} but this server allows at most {limit} "
+                           "(--max-tokens-limit)", param)
+    generation = GenerationConfig(max_tokens=limit if max_tokens is None else max_tokens,
+                                  stop=body.stop if body.stop is not None else ())
+    given = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed")
+             if getattr(body, k) is not None}
+    sampling = SamplingConfig(**{**_OPENAI_SAMPLING, **given})
+    return generation, sampling, _spec(body, state)
+
+
+def _spec(body: GenerationFields, state: ServerState) -> SpecConfig:
+    method = body.method or state.method
+    if method not in state.methods:
+        raise RequestError(f"method {method!r} is not available on this server; available: "
+                           f"{', '.join(state.methods)} ('draft' needs the server started with "
+                           "--draft REF)", "method")
+    s = state.settings
+    return spec_config(method, s.draft, body.num_draft if body.num_draft is not None else s.num_draft)
+
+
+def _message(m: ChatMessage) -> dict:
+    if m.content is None:
+        content = ""
+    elif isinstance(m.content, str):
+        content = m.content
+    else:
+        content = "\n".join(part.text for part in m.content)
+    return {"role": "system" if m.role == "developer" else m.role, "content": content}
+
+
+def _encode(prompt, state: ServerState, param: str) -> list[int]:
+    ids = state.encoder.encode(prompt)
+    ctx = state.target.context_length
+    if len(ids) >= ctx:
+        err = ContextOverflowError(f"the prompt has {len(ids)} tokens but the context window of "
+                                   f"{state.model_name} is {ctx}; shorten the {param}")
+        err.param = param
+        raise err
+    return ids

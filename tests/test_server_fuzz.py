@@ -1,0 +1,48 @@
+"""Property-based fuzzing of the server from its own OpenAPI schema (schemathesis), in process.
+
+Requests generated to fit the schema (positive) and to break it (negative) go through the real
+app, worker and tiny model; none may get a 5xx, every response must match the schema (status
+code, content type, body), and every 4xx must carry OpenAI's error shape. Bounded: a few dozen
+examples per mode, no deadline per example, no example database.
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode, checks
+
+from edgespec.server import ServerSettings, ServerState, create_app
+
+from .tiny import make_tiny_model
+
+EXAMPLES = 40
+CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
+          checks.content_type_conformance, checks.response_schema_conformance]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny", context=256, tie=False)
+    state = ServerState.start(ServerSettings(model=str(model), max_tokens_limit=8), progress=False)
+    yield create_app(state)
+    state.stop()
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_server_errors(app, mode):
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=schema.as_strategy(generation_mode=mode))
+    def check(case):
+        response = case.call()
+        assert response.status_code < 500, (case.as_curl_command(), response.text)
+        case.validate_response(response, checks=CHECKS)
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}, response.text
+
+    check()
