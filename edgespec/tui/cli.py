@@ -10,15 +10,16 @@ from functools import partial
 
 import click
 
-from ..cli import build_configs, dtype_option, guarded, method_option, options_for
-from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..cli import build_configs, dtype_option, guarded, options_for
+from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import EdgespecError
 from .session import open_session
 
 
 @click.command("chat")
 @click.argument("model_ref", metavar="[MODEL]", default="demo", required=False)
-@method_option
+@click.option("--method", default=None, type=click.Choice(METHODS),
+              help="drafting method [default: draft with --draft, else lookup]")
 @options_for(SpecConfig, SamplingConfig, GenerationConfig)
 @click.option("--system", default=None, help="system message for the conversation")
 @dtype_option
@@ -31,6 +32,7 @@ from .session import open_session
 def chat(model_ref, method, system, dtype, plain, color, **kw):
     """Chat with MODEL (HF repo id, local dir, .gguf file; default: the demo model), seeing
     which tokens the target accepted from the drafter, live."""
+    method = method or ("draft" if kw.get("draft") else "lookup")
     sampling, spec, gen = build_configs(kw, method)
     load = partial(open_session, model_ref, spec=spec, sampling=sampling, generation=gen,
                    system=system, dtype=dtype)
