@@ -13,10 +13,9 @@ import pytest
 from edgespec import Engine, SamplingConfig
 from edgespec.drafters import DraftModelDrafter
 from edgespec.models import load_target
-from edgespec.sampling import probs
 from edgespec.tree import DraftTree, chain_mask
 
-from .tiny import make_tiny_model
+from .tiny import first_token_check, make_tiny_model
 
 PROMPT = "the cat sat on the mat and then"
 KINDS = {
@@ -146,23 +145,10 @@ def test_sampling_first_token_distribution(tmp_path):
     """End to end: with a different draft model, the first sampled token follows the target."""
     target = load_target(make_tiny_model(tmp_path / "t", seed=3, scale=0.3), dtype="float32")
     draft = load_target(make_tiny_model(tmp_path / "d", seed=4, scale=0.3), dtype="float32")
-    cfg = SamplingConfig(temperature=1.0, top_k=6)
-    eng = Engine(target)
-    ids = eng.encode(PROMPT)
-    cache = target.make_cache()
-    logits = target.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, None), cache).logits[-1]
-    p = probs(np.array(logits)[None], cfg)[0]
-    counts = np.zeros(len(p))
-    for seed in range(1500):
-        s = SamplingConfig(temperature=1.0, top_k=6, seed=seed)
-        drafter = DraftModelDrafter(draft, s, num_draft=3, adaptive=False)
-        first = Engine(target, drafter, s).generate(PROMPT, max_tokens=2).token_ids[0]
-        counts[first] += 1
-    from scipy.stats import chisquare
-
-    keep = p > 0
-    assert counts[~keep].sum() == 0
-    assert chisquare(counts[keep], p[keep] * counts.sum()).pvalue > 1e-3
+    pvalue = first_token_check(
+        target, lambda s: DraftModelDrafter(draft, s, num_draft=3, adaptive=False), PROMPT,
+        {"temperature": 1.0, "top_k": 6}, runs=1500)
+    assert pvalue > 1e-3
 
 
 def test_seeded_sampling_is_reproducible(target):

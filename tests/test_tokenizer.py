@@ -3,7 +3,6 @@ BPE vocabulary built directly with ``tokenizers`` (independent of the GGUF conve
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest

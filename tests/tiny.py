@@ -97,3 +97,28 @@ def _random_weights(c: dict, rng: np.random.Generator, scale: float) -> dict[str
             for name, size in (("q", n * d), ("k", kv * d), ("v", kv * d)):
                 weights[p + f"self_attn.{name}_proj.bias"] = w(size) * 0.1
     return weights
+
+
+def first_token_check(target, make_drafter, prompt: str, cfg_kwargs: dict, runs: int = 1200) -> float:
+    """Chi-square p-value that the first sampled token under speculation follows the target.
+
+    ``make_drafter(sampling)`` builds a fresh drafter per run (None = plain decoding); each run
+    uses its own seed. Also asserts that no token outside the filtered support is ever drawn.
+    """
+    from scipy.stats import chisquare
+
+    from edgespec import Engine, SamplingConfig
+    from edgespec.sampling import probs
+    from edgespec.tree import chain_mask
+
+    ids = Engine(target).encode(prompt)
+    cache = target.make_cache()
+    logits = target.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, cache.window), cache).logits[-1]
+    p = probs(np.array(logits)[None], SamplingConfig(**cfg_kwargs))[0]
+    counts = np.zeros(len(p))
+    for seed in range(runs):
+        s = SamplingConfig(**cfg_kwargs, seed=seed)
+        counts[Engine(target, make_drafter(s), s).generate(prompt, max_tokens=2).token_ids[0]] += 1
+    keep = p > 0
+    assert counts[~keep].sum() == 0, "a token outside the filtered support was sampled"
+    return chisquare(counts[keep], p[keep] * counts.sum()).pvalue
