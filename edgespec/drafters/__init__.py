@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..config import SamplingConfig, SpecConfig
 from ..models.target import Target
+from .auto import AutoDrafter
 from .base import AdaptiveLength, Drafter
 from .draft_model import DraftModelDrafter, check_vocabularies
 from .lookup import PromptLookupDrafter
@@ -27,7 +28,14 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
                                  vocab_size=target.args.vocab_size)
     if spec.method == "lookup":
         return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+    if spec.method == "auto":
+        arms = {"none": None, "lookup": PromptLookupDrafter(max_draft=spec.max_draft)}
+        if spec.draft or draft is not None:
+            sub = SpecConfig(method="draft", draft=spec.draft or "-", num_draft=spec.num_draft,
+                             max_draft=spec.max_draft, adaptive=spec.adaptive)
+            arms["draft"] = make_drafter(sub, target, sampling, draft=draft)
+        return AutoDrafter(arms)
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
 
 
-__all__ = ["AdaptiveLength", "DraftModelDrafter", "Drafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]
+__all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]

@@ -1,0 +1,91 @@
+"""auto: the bandit keeps output exact and follows measured tokens per second."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
+from edgespec.drafters import AutoDrafter, DraftModelDrafter, PromptLookupDrafter
+from edgespec.models import load_target
+from edgespec.tree import DraftTree
+
+from .tiny import first_token_check, make_tiny_model
+
+PROMPT = "the cat sat on the mat and the cat sat on the"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_target(make_tiny_model(tmp_path_factory.mktemp("auto"), layers=2), dtype="float32")
+
+
+class FakeClock:
+    """Every reading advances time by one unit; drafters can add their own cost."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+class Costly:
+    """Wraps a drafter and charges ``cost`` time units per proposal."""
+
+    def __init__(self, inner, clock, cost):
+        self.inner, self.clock, self.cost, self.name = inner, clock, cost, inner.name
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def propose(self, budget):
+        self.clock.t += self.cost
+        return self.inner.propose(budget)
+
+
+class Garbage:
+    name = "garbage"
+
+    def reset(self):
+        self.history = []
+
+    def prefill(self, tokens, target_out, sampling=None):
+        self.history = list(tokens)
+
+    def propose(self, budget):
+        return DraftTree.chain(self.history[-1], [7] * min(3, budget))
+
+    def update(self, accepted, tree, target_out):
+        self.history.extend(accepted.tokens)
+
+
+def test_auto_falls_back_to_plain_when_drafts_do_not_pay(target):
+    clock = FakeClock()
+    auto = AutoDrafter({"none": None, "garbage": Costly(Garbage(), clock, 5)}, clock=clock)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=60)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=60).token_ids
+    assert auto.pulls["none"] > 4 * auto.pulls["garbage"]
+
+
+def test_auto_prefers_a_drafter_that_pays(target):
+    clock = FakeClock()
+    oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+    auto = AutoDrafter({"none": None, "oracle": Costly(oracle, clock, 1)}, clock=clock)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=60)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=60).token_ids
+    assert auto.pulls["oracle"] > 3 * auto.pulls["none"]
+
+
+def test_auto_from_the_factory_is_exact_with_real_clock(target):
+    drafter = make_drafter(SpecConfig(method="auto"), target)
+    assert set(drafter.arms) == {"none", "lookup"}
+    res = Engine(target, drafter).generate(PROMPT, max_tokens=40)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=40).token_ids
+
+
+def test_auto_sampling_first_token_follows_target(target):
+    pvalue = first_token_check(
+        target, lambda s: AutoDrafter({"none": None, "lookup": PromptLookupDrafter()}), PROMPT,
+        {"temperature": 1.0, "top_k": 5}, runs=1000)
+    assert pvalue > 1e-3
