@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-METHODS = ("none", "draft", "lookup", "auto")
+METHODS = ("none", "draft", "lookup", "lookahead", "auto")
 """Drafting methods the engine knows; extended as drafters are added."""
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -7,6 +7,7 @@ from ..models.target import Target
 from .auto import AutoDrafter
 from .base import AdaptiveLength, Drafter
 from .draft_model import DraftModelDrafter, check_vocabularies
+from .lookahead import LookaheadDrafter
 from .lookup import PromptLookupDrafter
 
 
@@ -28,6 +29,8 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
                                  vocab_size=target.args.vocab_size)
     if spec.method == "lookup":
         return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+    if spec.method == "lookahead":
+        return LookaheadDrafter()
     if spec.method == "auto":
         arms = {"none": None, "lookup": PromptLookupDrafter(max_draft=spec.max_draft)}
         if spec.draft or draft is not None:
@@ -38,4 +41,4 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
 
 
-__all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]
+__all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "LookaheadDrafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]
