@@ -33,6 +33,7 @@ from .errors import ConfigError
 from .models import Target
 
 BASELINE = "none"
+NEEDS_DRAFT = ("draft", "cascade")  # methods that run a separate draft model
 WARMUP_TOKENS = 16
 _STATS = ("generated_tokens", "target_forwards", "proposed", "accepted", "prefill_s",
           "decode_s", "draft_s", "verify_s", "peak_memory_mb")
@@ -107,13 +108,16 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *, max_tokens
     GenerationConfig(max_tokens=max_tokens)  # validates max_tokens
     if not prompts:
         raise ConfigError("no prompts to benchmark; give a prompts file with at least one line")
-    if "draft" in specs and draft_target is None:
+    uses_draft = [m for m in specs if m in NEEDS_DRAFT or (m == "auto" and specs[m].draft)]
+    if uses_draft and draft_target is None:
         from .models import load
 
-        draft_target = load(specs["draft"].draft, dtype=target.dtype if target.dtype != "native" else None)
+        ref = specs[uses_draft[0]].draft
+        draft_target = load(ref, dtype=target.dtype if target.dtype != "native" else None)
 
     def engine_for(name: str) -> Engine:
-        drafter = make_drafter(specs[name], target, sampling, draft=draft_target if name == "draft" else None)
+        drafter = make_drafter(specs[name], target, sampling,
+                               draft=draft_target if name in uses_draft else None)
         return Engine(target, drafter, sampling)
 
     for name in specs:  # warm-up: first-call allocations and lazy setup, not counted
@@ -122,7 +126,7 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *, max_tokens
     report = summarize(rows)
     report["env"] = environment(target, max_tokens=max_tokens, num_prompts=len(prompts),
                                 prompts_file=prompts_file, sampling=sampling,
-                                draft=draft_target if "draft" in specs else None, num_draft=num_draft)
+                                draft=draft_target if uses_draft else None, num_draft=num_draft)
     report["prompts"] = [{k: _round(v, 4) for k, v in r.items()} for r in rows]
     return report
 
@@ -134,7 +138,8 @@ def _specs(methods, draft_ref, draft_target, num_draft) -> dict[str, SpecConfig]
         raise ConfigError(f"unknown method(s) {', '.join(map(repr, bad))}; choose from: {', '.join(METHODS)}")
     draft = draft_ref or (str(draft_target.path or draft_target.name) if draft_target else None)
     order = [BASELINE] + [m for m in dict.fromkeys(names) if m != BASELINE]
-    return {m: SpecConfig(method=m, draft=draft if m == "draft" else None, num_draft=num_draft,
+    return {m: SpecConfig(method=m, draft=draft if m in NEEDS_DRAFT or m == "auto" else None,
+                          num_draft=num_draft,
                           max_draft=max(12, num_draft) if isinstance(num_draft, int) else 12)
             for m in order}
 

@@ -44,6 +44,15 @@ def guarded(fn):
     return wrapper
 
 
+def _click_type(f: dataclasses.Field):
+    """click type from a field's annotation ('int | None' -> int); None lets click infer (bool)."""
+    annotation = str(f.type)
+    for name, kind in (("bool", None), ("int", int), ("float", float), ("str", str)):
+        if annotation.startswith(name):
+            return kind
+    return str
+
+
 def options_for(*classes):
     """click options for the fields of config dataclasses (types and help from the definitions)."""
 
@@ -53,9 +62,7 @@ def options_for(*classes):
                 if f.name in _SKIP or f.name == "method":
                     continue
                 flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
-                kind = {float: float, int: int}.get(type(f.default), str if f.default is None else None)
-                if f.name == "seed":
-                    kind = int
+                kind = _click_type(f)
                 fn = click.option(flag, f.name, type=kind, default=None, show_default=False,
                                   help=f"{f.metadata.get('help', '')} [default: {f.default}]")(fn)
         return fn
@@ -178,9 +185,11 @@ def bench(model_ref, prompts_file, methods, draft, num_draft, max_tokens, limit,
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     for m in names:
-        SpecConfig(method=m, draft=draft or ("-" if m == "draft" else None), num_draft=num_draft)
-    if "draft" in names and not draft:
-        raise EdgespecError("method 'draft' needs --draft REF (make one with `edgespec make-draft`)")
+        SpecConfig(method=m, draft=draft or ("-" if m in benchmod.NEEDS_DRAFT else None),
+                   num_draft=num_draft)
+    needing = [m for m in names if m in benchmod.NEEDS_DRAFT]
+    if needing and not draft:
+        raise EdgespecError(f"method {needing[0]!r} needs --draft REF (make one with `edgespec make-draft`)")
     GenerationConfig(max_tokens=max_tokens)
     if limit is not None and limit < 1:
         raise EdgespecError(f"--limit must be >= 1, got {limit}")

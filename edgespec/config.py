@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-METHODS = ("none", "draft", "lookup", "lookahead", "auto")
+METHODS = ("none", "draft", "lookup", "lookahead", "early-exit", "layer-skip", "quantized", "cascade",
+           "auto")
 """Drafting methods the engine knows; extended as drafters are added."""
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -65,6 +66,8 @@ class SpecConfig:
     num_draft: int = field(default=4, metadata={"help": "draft tokens per step (the starting length if adaptive)"})
     adaptive: bool = field(default=True, metadata={"help": "grow/shrink the draft length with acceptance"})
     max_draft: int = field(default=12, metadata={"help": "upper bound for the adaptive draft length"})
+    exit_layer: int | None = field(default=None, metadata={"help": "layers the early-exit draft runs (method 'early-exit'); default: calibrated"})
+    draft_bits: int = field(default=4, metadata={"help": "bits of the quantized self-draft (method 'quantized'): 2, 3, 4 or 8"})
 
     def __post_init__(self) -> None:
         _check(self.method in METHODS,
@@ -72,8 +75,14 @@ class SpecConfig:
         n, mx_ = self.num_draft, self.max_draft
         _check(_is_int(n) and 1 <= n <= 64, f"num_draft must be an integer in [1, 64], got {n!r}")
         _check(_is_int(mx_) and n <= mx_ <= 64, f"max_draft must be an integer in [num_draft, 64], got {mx_!r}")
-        _check(not (self.method == "draft" and not self.draft),
-               "method 'draft' needs a draft model: pass draft=REF (CLI: --draft REF)")
+        _check(not (self.method in ("draft", "cascade") and not self.draft),
+               f"method {self.method!r} needs a draft model: pass draft=REF (CLI: --draft REF)")
+        e = self.exit_layer
+        _check(e is None or (_is_int(e) and e >= 1), f"exit_layer must be an integer >= 1, got {e!r}")
+        _check(e is None or self.method == "early-exit",
+               f"exit_layer applies to method 'early-exit' only (method is {self.method!r})")
+        _check(self.draft_bits in (2, 3, 4, 8) and _is_int(self.draft_bits),
+               f"draft_bits must be 2, 3, 4 or 8, got {self.draft_bits!r}")
 
 
 @dataclass(frozen=True)

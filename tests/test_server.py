@@ -194,7 +194,9 @@ def test_every_method_equals_plain_decoding(client):
     for method in METHODS:
         r = chat(client, max_tokens=30, extra_body={"method": method, "num_draft": 3})
         assert r.choices[0].message.content == plain.choices[0].message.content, method
-        assert r.usage.model_extra["speculative"]["method"] == method
+        ran = r.usage.model_extra["speculative"]["method"]
+        # a calibrated self-draft that finds no speedup turns speculation off (and says so)
+        assert ran == method or (method in ("early-exit", "layer-skip") and ran == "none"), method
     drafted = chat(client, max_tokens=30, extra_body={"method": "draft", "num_draft": 3})
     assert drafted.usage.model_extra["speculative"]["tau"] > 2
 

@@ -29,6 +29,21 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
                                  vocab_size=target.args.vocab_size)
     if spec.method == "lookup":
         return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+    if spec.method in ("early-exit", "layer-skip"):
+        return _self_draft(spec, target, sampling)
+    if spec.method == "quantized":
+        from .quantized import QuantizedDrafter
+
+        return QuantizedDrafter(target, spec.draft_bits, sampling, spec.num_draft, spec.max_draft,
+                                spec.adaptive)
+    if spec.method == "cascade":
+        from ..models import load
+        from .cascade import CascadeDrafter
+
+        draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
+        check_vocabularies(target, draft)
+        return CascadeDrafter(draft, sampling, spec.num_draft, spec.max_draft, spec.adaptive,
+                              vocab_size=target.args.vocab_size)
     if spec.method == "lookahead":
         return LookaheadDrafter()
     if spec.method == "auto":
@@ -39,6 +54,36 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
             arms["draft"] = make_drafter(sub, target, sampling, draft=draft)
         return AutoDrafter(arms)
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
+
+
+_CALIBRATIONS: dict = {}  # (id(target), method, num_draft) -> CalibrationResult
+
+
+def _self_draft(spec: SpecConfig, target: Target, sampling: SamplingConfig) -> Drafter | None:
+    """Early-exit / layer-skip self-draft; the layers come from a (memoized) calibration run
+    unless given, and a calibration that finds no speedup means plain decoding (with a warning)."""
+    import warnings
+
+    from .self_draft import (EarlyExitDrafter, LayerSkipDrafter, calibrate_exit_layer,
+                             calibration_ids, search_layer_subset)
+
+    if spec.method == "early-exit" and spec.exit_layer is not None:
+        return EarlyExitDrafter(target, sampling, spec.exit_layer, spec.num_draft,
+                                spec.max_draft, spec.adaptive)
+    key = (id(target), spec.method, spec.num_draft)
+    if key not in _CALIBRATIONS:
+        ids = calibration_ids(target)
+        search = calibrate_exit_layer if spec.method == "early-exit" else search_layer_subset
+        _CALIBRATIONS[key] = search(target, ids, num_draft=spec.num_draft)
+    cal = _CALIBRATIONS[key]
+    if cal.best is None:
+        warnings.warn(f"{spec.method}: {cal.reason}; decoding without speculation", stacklevel=3)
+        return None
+    if spec.method == "early-exit":
+        return EarlyExitDrafter(target, sampling, cal.best, spec.num_draft, spec.max_draft,
+                                spec.adaptive)
+    return LayerSkipDrafter(target, sampling, cal.best, spec.num_draft, spec.max_draft,
+                            adaptive=spec.adaptive)
 
 
 __all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "LookaheadDrafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]

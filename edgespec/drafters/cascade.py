@@ -1,0 +1,146 @@
+"""Cascade (staged speculative decoding): a cheap drafter drafts for the draft model.
+
+``CascadeDrafter.propose`` builds its k-token chain by running speculative decoding *of the
+draft model*: the inner drafter (prompt lookup by default) proposes a tree, the draft model
+scores it in one forward, and an acceptance rule of ``verify.py`` keeps the part the draft
+model agrees with plus one token of the draft model's own. Repeat until the chain has k tokens.
+Each boundary is exact:
+
+- greedy: ``verify_greedy`` makes the chain the draft model's greedy chain, and the outer
+  ``verify_greedy`` is lossless for any proposal;
+- sampling: ``verify_sampling`` with p = the draft model's filtered distribution makes each chain
+  token distributed exactly as q (the draft model's filtered distribution after its prefix), and
+  those q rows are attached to the chain, so the outer ``verify_sampling`` stays lossless.
+
+The draft model's KV cache holds "history + chain minus its last token", as for
+:class:`DraftModelDrafter`, whose prefill (prefix reuse) and update (trim rejected drafts) it
+inherits: after each inner forward only the accepted tree path is committed (one gather).
+The inner drafter sees the draft-level sequence (history + chain so far); after the outer
+verification rejects drafts it is rewound to the committed history (O(rewound tokens) for
+prompt lookup, a fresh ``prefill`` for other inner drafters).
+
+Cost: one draft forward per inner step instead of one per draft token; the inner tree's nodes
+are extra rows in that forward. It pays when the inner drafter is right often (repetitive text,
+code edits) and the draft model is much cheaper than the target.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import SamplingConfig
+from ..models.target import Target
+from ..sampling import probs
+from ..tree import DraftTree, attention_mask
+from ..verify import Accepted, verify_greedy, verify_sampling
+from .base import Drafter
+from .draft_model import DraftModelDrafter
+from .lookup import NgramIndex, PromptLookupDrafter
+
+
+class CascadeDrafter(DraftModelDrafter):
+    name = "cascade"
+
+    def __init__(self, draft: Target, sampling: SamplingConfig, num_draft: int = 4,
+                 max_draft: int = 12, adaptive: bool = True, inner: Drafter | None = None,
+                 vocab_size: int | None = None):
+        self.inner = inner or PromptLookupDrafter(num_draft=num_draft, max_draft=max_draft)
+        self.seen: list[int] = []  # the sequence the inner drafter has been shown
+        super().__init__(draft, sampling, num_draft, max_draft, adaptive, vocab_size)
+
+    def reset(self) -> None:
+        super().reset()
+        self.inner.reset()
+        self.seen = []
+
+    def prefill(self, tokens: list[int], target_out, sampling: SamplingConfig | None = None) -> None:
+        super().prefill(tokens, target_out, sampling)
+        self.inner.prefill(list(tokens), None, self.sampling)
+        self.seen = list(tokens)
+
+    def propose(self, budget: int) -> DraftTree:
+        k = min(self.length.k, budget)
+        root = self.history[-1]
+        if k <= 0:
+            return DraftTree.chain(root, [])
+        seq = list(self.history)
+        self._show_inner(seq)
+        drafts: list[int] = []
+        rows: list[np.ndarray] = []
+        while len(drafts) < k:
+            tokens, q = self._inner_step(seq, k - len(drafts))
+            drafts += tokens
+            rows += q
+            seq += tokens
+        q_rows = None if self.sampling.greedy else np.stack(rows + [np.zeros_like(rows[0])])
+        return DraftTree.chain(root, drafts, q_rows)
+
+    def _inner_step(self, seq: list[int], r: int) -> tuple[list[int], list[np.ndarray]]:
+        """One speculative step of the draft model: at most ``r`` tokens of its chain (and q rows).
+
+        Precondition: the cache holds ``seq[:cache.length]``; the rest of ``seq`` is unseen.
+        Postcondition: the cache holds the extended ``seq`` minus its new last token.
+        """
+        cache = self.cache
+        if len(seq) - cache.length > 2:  # the prompt: fed in chunks (usually 1-2 tokens are new)
+            self._feed(seq[cache.length : -1])
+        unseen = seq[cache.length :]
+        inner = self.inner.propose(r - 1)  # accepted + bonus <= r tokens
+        assert inner.tokens[0] == seq[-1] and max(inner.depths()) <= r - 1
+        lead = len(unseen) - 1  # unseen tokens before the root, scored as a chain in front
+        tree = DraftTree(unseen[:-1] + inner.tokens,
+                         list(range(-1, lead - 1)) + [p + lead if p >= 0 else lead - 1 for p in inner.parents])
+        cache.reserve(len(tree))
+        positions = cache.offset if tree.is_chain else cache.offset + tree.depths()
+        mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
+        logits = self.draft.forward(tree.tokens, positions, mask, cache).logits[lead:]
+        acc, q = self._verify(inner, logits)
+        cache.commit(list(range(lead)) + [u + lead for u in acc.path])
+        self.inner.update(acc, inner, None)
+        self.seen = seq + acc.tokens
+        return acc.tokens, q
+
+    def _verify(self, inner: DraftTree, logits: mx.array) -> tuple[Accepted, list[np.ndarray]]:
+        """The draft model's acceptance of the inner tree; q rows along the accepted chain."""
+        if self.sampling.greedy:
+            return verify_greedy(inner, np.array(mx.argmax(logits, axis=-1))), []
+        p = probs(np.array(logits.astype(mx.float32)), self.sampling)
+        if self.vocab_size and p.shape[1] < self.vocab_size:
+            p = np.pad(p, ((0, 0), (0, self.vocab_size - p.shape[1])))
+        acc = verify_sampling(inner, p, self.rng)
+        # token j of acc.tokens was drawn (exactly, by the lossless rule) from p[path[j]]
+        return acc, [p[u] for u in acc.path]
+
+    def _show_inner(self, seq: list[int]) -> None:
+        """Bring the inner drafter from ``self.seen`` to ``seq`` (the committed history)."""
+        seen = self.seen
+        common = 0
+        for a, b in zip(seen, seq):
+            if a != b:
+                break
+            common += 1
+        index = getattr(self.inner, "index", None)
+        if common < len(seen) and isinstance(index, NgramIndex):
+            _rewind(index, len(seen) - common)
+        elif common < len(seen):
+            self.inner.prefill(list(seq), None, self.sampling)
+            self.seen = list(seq)
+            return
+        if len(seq) > common:
+            tail = seq[common:]
+            # a zero-draft step committing `tail`: how the protocol tells a drafter of new tokens
+            self.inner.update(Accepted([0], tail), DraftTree.chain(seq[common - 1], []), None)
+        self.seen = list(seq)
+
+
+def _rewind(index: NgramIndex, n: int) -> None:
+    """Undo the last ``n`` ``index.extend`` tokens (each appended one position per n-gram size)."""
+    for _ in range(n):
+        end = len(index.tokens)
+        for size in range(index.lo, index.hi + 1):
+            if end - 1 >= size:
+                follow = index.follow[tuple(index.tokens[end - 1 - size : end - 1])]
+                assert follow and follow[-1] == end - 1
+                follow.pop()
+        index.tokens.pop()

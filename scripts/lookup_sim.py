@@ -1,0 +1,106 @@
+"""Replay a drafter against recorded greedy outputs: τ and an *estimated* speedup, no model needed.
+
+Greedy speculative decoding commits exactly the plain greedy output, so with that output known
+(recorded once by `--record`, which runs the model), a deterministic drafter's whole run can be
+replayed offline: each step its tree is walked against the true continuation, like
+`verify_greedy` does. The cost of a step is read off a forward-cost curve measured with
+`edgespec doctor` (ms per forward over N tokens). The result is an estimate for tuning
+heuristics quickly; only `edgespec bench` measures speed.
+
+    python scripts/lookup_sim.py --record greedy.json [--limit N]   # runs the demo model once
+    python scripts/lookup_sim.py greedy.json                        # replays lookup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+
+# ms per target forward over N tokens after ~128 tokens of context: demo model, float32, MKL,
+# 2-core VM (edgespec doctor and scripts/forward_profile.py on a quiet machine, averaged).
+COST_MS = {1: 57.0, 2: 64.0, 4: 91.0, 8: 116.0, 16: 150.0, 32: 230.0}
+
+
+def cost(n: int) -> float:
+    xs = sorted(COST_MS)
+    return float(np.interp(n, xs, [COST_MS[x] for x in xs]))
+
+
+def replay(drafter, prompt: list[int], output: list[int]) -> tuple[int, float]:
+    """(target forwards, estimated ms) for generating ``output`` after ``prompt``."""
+    from edgespec.tree import DraftTree
+    from edgespec.verify import Accepted
+
+    drafter.prefill(prompt, None)
+    done, forwards, ms = 0, 0, 0.0
+    while done < len(output):
+        tree: DraftTree = drafter.propose(len(output) - done - 1)
+        u, path = 0, [0]
+        while True:
+            want = output[done + len(path) - 1]
+            nxt = next((c for c in tree.children(u) if tree.tokens[c] == want), None)
+            if nxt is None or done + len(path) >= len(output):
+                break
+            u = nxt
+            path.append(u)
+        tokens = [tree.tokens[i] for i in path[1:]] + [output[done + len(path) - 1]]
+        drafter.update(Accepted(path, tokens), tree, None)
+        done += len(tokens)
+        forwards += 1
+        ms += cost(len(tree))
+    return forwards, ms
+
+
+def simulate(records: list[dict], make) -> dict:
+    per_cat = defaultdict(lambda: [0, 0, 0.0, 0.0])  # tokens, forwards, ms, plain ms
+    for r in records:
+        f, ms = replay(make(), r["prompt"], r["output"])
+        c = per_cat[r["category"]]
+        n = len(r["output"])
+        c[0] += n
+        c[1] += f
+        c[2] += ms
+        c[3] += n * cost(1)
+    rows = {cat: {"tau": t / f, "est_speedup": plain / ms} for cat, (t, f, ms, plain) in per_cat.items()}
+    t, f, ms, plain = (sum(v[i] for v in per_cat.values()) for i in range(4))
+    rows["overall"] = {"tau": t / f, "est_speedup": plain / ms}
+    return rows
+
+
+def record(path: str, limit: int | None) -> None:
+    import edgespec
+    from edgespec import Engine
+    from edgespec.bench import load_prompts
+
+    target = edgespec.load("demo", progress=False)
+    eng = Engine(target, reuse_prefix=False)
+    out = []
+    for p in load_prompts("../shared/eval/mt_bench.jsonl", limit=limit):
+        msgs = [{"role": "user", "content": p.text}]
+        res = eng.generate(msgs, max_tokens=128)
+        out.append({"id": p.id, "category": p.category, "prompt": eng.encode(msgs), "output": res.token_ids})
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records")
+    ap.add_argument("--record", action="store_true", help="run the demo model and write RECORDS")
+    ap.add_argument("--limit", type=int, default=None)
+    args = ap.parse_args()
+    if args.record:
+        record(args.records, args.limit)
+        return
+    from edgespec.drafters.lookup import PromptLookupDrafter
+
+    records = json.load(open(args.records))
+    for name, row in simulate(records, PromptLookupDrafter).items():
+        print(f"{name:12s} tau {row['tau']:.2f}  est. speedup {row['est_speedup']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

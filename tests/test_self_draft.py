@@ -1,0 +1,163 @@
+"""Early-exit and layer-skip self-drafts on tiny random models: oracle, exactness, sampling,
+calibration (and its pure decision rule)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec import Engine, SamplingConfig
+from edgespec.drafters.self_draft import (
+    EarlyExitDrafter, LayerSkipDrafter, LayerSubset, calibrate_exit_layer, calibration_ids, choose_best,
+    expected_speedup, search_layer_subset, simulate_tau,
+)
+from edgespec.errors import ConfigError
+from edgespec.models import load_target
+from edgespec.tree import chain_mask
+
+from .tiny import first_token_check, make_tiny_model
+
+PROMPT = "the cat sat on the mat and then"
+KINDS = {"llama": {}, "window": {"window": 8}, "bias": {"bias": True}}
+GREEDY = SamplingConfig()
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def target(request, tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), layers=4, **KINDS[request.param])
+    return load_target(path, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def near_identity(tmp_path_factory):
+    """Layers that barely change the residual stream: shallow drafts agree with the target."""
+    path = make_tiny_model(tmp_path_factory.mktemp("near_identity"), layers=8, scale=0.05)
+    return load_target(path, dtype="float32")
+
+
+def drafters(target, sampling=GREEDY, k=3, adaptive=True):
+    """One shallow early exit and one skipped-middle subset (with confidence stopping)."""
+    return [EarlyExitDrafter(target, sampling, exit_layer=2, num_draft=k, adaptive=adaptive),
+            LayerSkipDrafter(target, sampling, layers=[0, 2, 3], num_draft=k, confidence=0.6)]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_all_layers_is_the_self_draft_oracle(target, k):
+    plain = Engine(target).generate(PROMPT, max_tokens=24)
+    L = target.num_layers
+    for d in (EarlyExitDrafter(target, GREEDY, exit_layer=L, num_draft=k, max_draft=k, adaptive=False),
+              LayerSkipDrafter(target, GREEDY, layers=range(L), num_draft=k, max_draft=k,
+                               confidence=0.0, adaptive=False)):
+        res = Engine(target, d).generate(PROMPT, max_tokens=24)
+        assert res.token_ids == plain.token_ids
+        assert res.stats.acceptance_rate == 1.0
+        assert all(s.proposed == k for s in res.steps[:-1])
+        assert res.stats.target_forwards == -(-24 // (k + 1))  # tau = k + 1
+
+
+def test_subsets_keep_greedy_output_across_turns(target):
+    turns = [[{"role": "user", "content": "hello there"}]]
+    plain_eng = Engine(target)
+    first = plain_eng.generate(turns[0], max_tokens=12).text
+    turns.append(turns[0] + [{"role": "assistant", "content": first},
+                             {"role": "user", "content": "and then?"}])
+    want = [Engine(target).generate(t, max_tokens=12).token_ids for t in turns]
+    for d in drafters(target):
+        eng = Engine(target, d)
+        assert eng.generate(turns[0], max_tokens=12).token_ids == want[0]
+        cache = d.cache
+        assert eng.generate(turns[1], max_tokens=12).token_ids == want[1]
+        assert eng.last_stats.cached_tokens > 0
+        assert d.cache is cache  # the drafter kept its prefix too (a reset makes a new cache)
+
+
+def test_window_rollover_with_skipped_layers(tmp_path):
+    """Past the point where the draft's sliding-window cache compacts every slot it has."""
+    target = load_target(make_tiny_model(tmp_path, layers=4, window=8), dtype="float32")
+    prompt = PROMPT * 16  # ~400 tokens: the drafter's cache compacts during the first steps
+    want = Engine(target).generate(prompt, max_tokens=12).token_ids
+    for d in drafters(target):
+        assert Engine(target, d).generate(prompt, max_tokens=12).token_ids == want
+        assert d.cache.start > 0  # it did compact
+
+
+def test_confidence_ends_the_chain(target):
+    """Every draft but the last is confident; the last is not, or the chain is at max_draft."""
+    layers, cap, threshold = [0, 1, 3], 6, 0.9999
+    ids = Engine(target).encode(PROMPT * 2)
+    lengths = []
+    for n in range(4, len(ids), 3):
+        d = LayerSkipDrafter(target, GREEDY, layers=layers, max_draft=cap, confidence=threshold)
+        d.prefill(ids[:n], None, GREEDY)
+        drafts = d.propose(cap).tokens[1:]
+        sub = LayerSubset(target, layers)
+        seq, c = ids[:n] + drafts, sub.make_cache()
+        logits = sub.forward(seq, 0, chain_mask(len(seq), c.key_positions(), 0, c.window), c).logits
+        rows = mx.softmax(logits[n - 1 : n - 1 + len(drafts)], axis=-1)
+        assert drafts == np.array(mx.argmax(rows, axis=-1)).tolist()
+        top = np.array(mx.max(rows, axis=-1))
+        assert (top[:-1] >= threshold - 1e-4).all()
+        assert len(drafts) == cap or top[-1] < threshold + 1e-4
+        lengths.append(len(drafts))
+    assert min(lengths) < cap  # the rule did end some chains early
+
+
+def test_sampling_first_token_follows_target(tmp_path):
+    target = load_target(make_tiny_model(tmp_path, layers=4), dtype="float32")
+    p = first_token_check(target, lambda s: EarlyExitDrafter(target, s, exit_layer=2, num_draft=3),
+                          "the cat", {"temperature": 1.0, "top_k": 6}, runs=300)
+    assert p > 1e-3
+
+
+def test_bad_layers_are_rejected(target):
+    with pytest.raises(ConfigError, match="exit_layer"):
+        EarlyExitDrafter(target, GREEDY, exit_layer=0)
+    with pytest.raises(ConfigError, match="layers"):
+        LayerSubset(target, [2, 1])
+    with pytest.raises(ConfigError, match="layers"):
+        LayerSubset(target, [0, target.num_layers])
+
+
+def test_simulate_tau():
+    assert simulate_tau([True] * 10, 4) == 10 / 2
+    assert simulate_tau([False] * 6, 4) == 1.0
+    # steps: 3 accepted + bonus (t=0..3), mismatch (t=4), 1 accepted + bonus (t=5,6)
+    assert simulate_tau([True, True, True, False, False, True, False], 4) == 7 / 3
+
+
+def test_decision_refuses_what_cannot_pay():
+    # drafts half as costly as the target and rarely right: slower than plain decoding
+    slow = expected_speedup(tau=1.2, k=4, draft_cost=0.5, verify_cost=1.1, plain_cost=1.0)
+    fast = expected_speedup(tau=4.5, k=4, draft_cost=0.1, verify_cost=1.1, plain_cost=1.0)
+    assert slow < 1 < fast
+    row = dict(accepted=0.1, tau=1.2, speedup=slow, exit_layer=3)
+    best, reason = choose_best([row], "exit_layer")
+    assert best is None and "plain decoding" in reason
+    good = dict(row, exit_layer=1, tau=4.5, accepted=0.9, speedup=fast)
+    best, _ = choose_best([row, good], "exit_layer")
+    assert best == 1
+
+
+def test_calibration_picks_a_shallow_exit_on_near_identity_layers(near_identity):
+    res = calibrate_exit_layer(near_identity, calibration_ids(near_identity), tokens=16)
+    assert [r["exit_layer"] for r in res.table] == list(range(1, 8))
+    for r in res.table:
+        assert 0.0 <= r["accepted"] <= 1.0 and 1.0 <= r["tau"] <= 5.0 and r["draft_ms"] > 0
+    assert res.table[0]["draft_ms"] < res.table[-1]["draft_ms"]
+    assert res.best is not None and res.best <= 4, res.reason
+
+
+def test_layer_search_drops_layers_on_near_identity(near_identity):
+    ids = near_identity.tokenizer.encode(PROMPT)
+    res = search_layer_subset(near_identity, ids, tokens=16, max_forwards=9)
+    assert 1 <= len(res.table) <= 3  # three rounds of beam 3: bounded
+    sizes = [len(r["layers"]) for r in res.table]
+    assert sizes == list(range(7, 7 - len(sizes), -1))  # one layer dropped per round
+    assert all(r["layers"][0] == 0 and r["layers"][-1] == 7 for r in res.table)
+    assert min(r["accepted"] for r in res.table) > 0.8  # near-identity layers barely matter
+    assert res.best == choose_best(res.table, "layers")[0]
+    # whatever it picks stays exact
+    d = LayerSkipDrafter(near_identity, GREEDY, layers=res.table[-1]["layers"])
+    assert Engine(near_identity, d).generate(PROMPT, max_tokens=16).token_ids == \
+        Engine(near_identity).generate(PROMPT, max_tokens=16).token_ids
