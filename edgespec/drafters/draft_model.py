@@ -90,8 +90,16 @@ class DraftModelDrafter:
             q = np.pad(q, (0, self.vocab_size - len(q)))
         return sample(q, self.rng), q
 
+    def _longest(self) -> int:
+        """Most drafts a proposal may hold (subclasses that stop early may allow more)."""
+        return self.length.k
+
+    def _stop_after(self, logits: mx.array) -> bool:
+        """Whether to end the chain after the draft just chosen from ``logits``."""
+        return False
+
     def propose(self, budget: int) -> DraftTree:
-        k = min(self.length.k, budget)
+        k = min(self._longest(), budget)
         root = self.history[-1]
         if k <= 0:
             return DraftTree.chain(root, [])
@@ -101,8 +109,10 @@ class DraftModelDrafter:
             tok, q = self._choose(logits)
             drafts.append(tok)
             qs.append(q)
-            if i < k - 1:
-                logits = self._feed([tok])
+            # the last draft is never fed: the cache holds the history plus drafts[:-1]
+            if i == k - 1 or self._stop_after(logits):
+                break
+            logits = self._feed([tok])
         q_rows = None if self.sampling.greedy else np.stack(qs + [np.zeros_like(qs[0])])
         return DraftTree.chain(root, drafts, q_rows)
 

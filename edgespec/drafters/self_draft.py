@@ -46,7 +46,7 @@ from ..cache import KVCache
 from ..config import SamplingConfig
 from ..errors import ConfigError
 from ..models.target import Target, TargetOutput
-from ..tree import DraftTree, chain_mask
+from ..tree import chain_mask
 from .draft_model import DraftModelDrafter
 
 
@@ -97,25 +97,11 @@ class _SelfDrafter(DraftModelDrafter):
         self.layers = self.draft.layers
         self.confidence = confidence
 
-    def propose(self, budget: int) -> DraftTree:
-        if not self.confidence:
-            return super().propose(budget)
-        k = min(self.length.maximum, budget)  # the confidence decides the length
-        root = self.history[-1]
-        if k <= 0:
-            return DraftTree.chain(root, [])
-        logits = self._feed(self.history[self.cache.length :])
-        drafts, qs = [], []
-        for i in range(k):
-            tok, q = self._choose(logits)
-            drafts.append(tok)
-            qs.append(q)
-            # the draft is kept, nothing follows it: the cache keeps holding drafts[:-1]
-            if i == k - 1 or _top_prob(logits) < self.confidence:
-                break
-            logits = self._feed([tok])
-        q_rows = None if self.sampling.greedy else np.stack(qs + [np.zeros_like(qs[0])])
-        return DraftTree.chain(root, drafts, q_rows)
+    def _longest(self) -> int:
+        return self.length.maximum if self.confidence else self.length.k  # confidence decides
+
+    def _stop_after(self, logits: mx.array) -> bool:
+        return bool(self.confidence) and _top_prob(logits) < self.confidence
 
 
 def _top_prob(logits: mx.array) -> float:
