@@ -327,9 +327,9 @@ def test_in_tmux_starts_answers_and_quits_cleanly(tiny):
     try:
         keys(f"{env} {sys.executable} -m edgespec.cli chat {tiny} --method draft --draft {tiny} "
              "--temp 1 --seed 1 --max-tokens 30; echo EXIT=$?", "Enter")
-        wait(r"Enter sends")
+        wait(r"ready\s+draft")  # the status bar, once the model has loaded
         keys("hello", "Enter")
-        screen = wait(r"30 tokens · [\d.]+ tok/s")
+        screen = wait(r"\d+ tokens · [\d.]+ tok/s")  # sampling may end on EOS before 30
         assert "you" in screen and "accepted 100%" in screen
         keys("C-q")
         wait(r"EXIT=0")

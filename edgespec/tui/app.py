@@ -108,6 +108,9 @@ class ChatApp(App[None]):
             "Enter sends · Escape stops the answer · Ctrl+P switches method or temperature · "
             "F1 help"), id="welcome"))
         self._show_status()
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending:  # a message sent while the model was loading goes out now
+            self.on_chat_input_send(ChatInput.Send(pending))
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.busy, self.load_error = "failed", message.error
@@ -175,7 +178,8 @@ class ChatApp(App[None]):
 
     def on_chat_input_send(self, message: ChatInput.Send) -> None:
         if self.busy == "loading":
-            self.notify("the model is still loading; your message is kept: press Enter again soon")
+            self._pending = message.text
+            self.notify("the model is still loading; your message will be sent when it is ready")
             return
         if self.session is None or self.busy:
             self.notify("wait for the answer to finish, or press Escape to stop it")
