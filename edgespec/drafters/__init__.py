@@ -20,13 +20,12 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
     sampling = sampling or SamplingConfig()
     if spec.method == "none":
         return None
-    if spec.method == "draft":
-        from ..models import load
+    if spec.method in ("draft", "cascade"):
+        from .cascade import CascadeDrafter
 
-        draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
-        check_vocabularies(target, draft)
-        return DraftModelDrafter(draft, sampling, spec.num_draft, spec.max_draft, spec.adaptive,
-                                 vocab_size=target.args.vocab_size)
+        kind = DraftModelDrafter if spec.method == "draft" else CascadeDrafter
+        return kind(_draft_model(spec, target, draft), sampling, spec.num_draft, spec.max_draft,
+                    spec.adaptive, vocab_size=target.args.vocab_size)
     if spec.method == "lookup":
         return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
     if spec.method in ("early-exit", "layer-skip"):
@@ -36,14 +35,6 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
 
         return QuantizedDrafter(target, spec.draft_bits, sampling, spec.num_draft, spec.max_draft,
                                 spec.adaptive)
-    if spec.method == "cascade":
-        from ..models import load
-        from .cascade import CascadeDrafter
-
-        draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
-        check_vocabularies(target, draft)
-        return CascadeDrafter(draft, sampling, spec.num_draft, spec.max_draft, spec.adaptive,
-                              vocab_size=target.args.vocab_size)
     if spec.method == "lookahead":
         return LookaheadDrafter()
     if spec.method == "auto":
@@ -54,6 +45,15 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
             arms["draft"] = make_drafter(sub, target, sampling, draft=draft)
         return AutoDrafter(arms)
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
+
+
+def _draft_model(spec: SpecConfig, target: Target, draft: Target | None) -> Target:
+    """The draft model (given, or loaded in the target's dtype), checked against the target."""
+    from ..models import load
+
+    draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
+    check_vocabularies(target, draft)
+    return draft
 
 
 _CALIBRATIONS: dict = {}  # (id(target), method, num_draft) -> CalibrationResult
