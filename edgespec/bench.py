@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ._blas import blas_info
 from .config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import make_drafter
+from .drafters import load_draft, make_drafter
 from .engine import Engine
 from .errors import ConfigError
 from .models import Target
@@ -110,10 +110,7 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *, max_tokens
         raise ConfigError("no prompts to benchmark; give a prompts file with at least one line")
     uses_draft = [m for m in specs if m in NEEDS_DRAFT or (m == "auto" and specs[m].draft)]
     if uses_draft and draft_target is None:
-        from .models import load
-
-        ref = specs[uses_draft[0]].draft
-        draft_target = load(ref, dtype=target.dtype if target.dtype != "native" else None)
+        draft_target = load_draft(specs[uses_draft[0]].draft, target)
 
     def engine_for(name: str) -> Engine:
         drafter = make_drafter(specs[name], target, sampling,

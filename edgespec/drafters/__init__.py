@@ -47,11 +47,19 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
     raise AssertionError(f"SpecConfig accepted unknown method {spec.method!r}")
 
 
-def _draft_model(spec: SpecConfig, target: Target, draft: Target | None) -> Target:
-    """The draft model (given, or loaded in the target's dtype), checked against the target."""
+def load_draft(ref: str, target: Target, progress: bool = True) -> Target:
+    """Load a draft model in the target's dtype and check that it shares the target's vocabulary."""
     from ..models import load
 
-    draft = draft or load(spec.draft, dtype=target.dtype if target.dtype != "native" else None)
+    draft = load(ref, dtype=target.dtype if target.dtype != "native" else None, progress=progress)
+    check_vocabularies(target, draft)
+    return draft
+
+
+def _draft_model(spec: SpecConfig, target: Target, draft: Target | None) -> Target:
+    """The given draft model (checked against the target), or ``spec.draft`` loaded."""
+    if draft is None:
+        return load_draft(spec.draft, target)
     check_vocabularies(target, draft)
     return draft
 
@@ -86,4 +94,4 @@ def _self_draft(spec: SpecConfig, target: Target, sampling: SamplingConfig) -> D
                             adaptive=spec.adaptive)
 
 
-__all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "LookaheadDrafter", "PromptLookupDrafter", "check_vocabularies", "make_drafter"]
+__all__ = ["AdaptiveLength", "AutoDrafter", "DraftModelDrafter", "Drafter", "LookaheadDrafter", "PromptLookupDrafter", "check_vocabularies", "load_draft", "make_drafter"]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import METHODS, SpecConfig
-from ..drafters import check_vocabularies
+from ..drafters import load_draft
 from ..engine import Engine
 from ..errors import ConfigError
 from ..models import load
@@ -95,9 +95,7 @@ class ServerState:
             target = load(settings.model, dtype=settings.dtype, progress=progress)
             draft = None
             if settings.draft:  # loaded once; every request's drafter shares it
-                draft = load(settings.draft, progress=progress,
-                             dtype=target.dtype if target.dtype != "native" else None)
-                check_vocabularies(target, draft)
+                draft = load_draft(settings.draft, target, progress=progress)
             return target, draft
 
         return cls(settings, Worker(load_models, settings.reuse_prefix).start())

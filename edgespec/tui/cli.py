@@ -37,8 +37,16 @@ def chat(model_ref, method, system, dtype, plain, color, **kw):
     load = partial(open_session, model_ref, spec=spec, sampling=sampling, generation=gen,
                    system=system, dtype=dtype)
     if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        import atexit
+
+        import mlx.core as mx
+
         from .plain import run_plain
 
+        # line mode runs MLX on the main thread; MLX 0.32 may abort at process exit unless that
+        # thread's streams are released first (see session.EngineThread). At exit, not earlier:
+        # anything else in this process may still use MLX until then.
+        atexit.register(mx.clear_streams)
         on = color == "always" or (color == "auto" and sys.stdout.isatty()
                                    and not os.environ.get("NO_COLOR"))
         sys.exit(run_plain(lambda: load(status=_to_stderr), color=on))

@@ -15,8 +15,6 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
-import mlx.core as mx
-
 from ..errors import EdgespecError
 from .render import ansi
 from .session import ChatSession, Update
@@ -161,12 +159,9 @@ def run_plain(load: Callable[[], ChatSession], *, color: bool, stdin: TextIO | N
               stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Load the session (progress on stderr) and chat line by line; returns the exit status."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
-    try:
-        session = load()
-        interactive = stdin.isatty()
-        if interactive:
-            stderr.write(f"edgespec chat · {session.target.name} · method {session.method} · "
-                         "/help for commands, Ctrl+D to leave\n")
-        return PlainChat(session, stdin, stdout, stderr, color, interactive).run()
-    finally:
-        mx.clear_streams()  # MLX 0.32 may abort at exit otherwise (see session.EngineThread)
+    session = load()
+    interactive = stdin.isatty()
+    if interactive:
+        stderr.write(f"edgespec chat · {session.target.name} · method {session.method} · "
+                     "/help for commands, Ctrl+D to leave\n")
+    return PlainChat(session, stdin, stdout, stderr, color, interactive).run()

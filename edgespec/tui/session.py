@@ -36,7 +36,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
-from ..drafters import make_drafter
+from ..drafters import load_draft, make_drafter
 from ..engine import Engine, Stats, Step
 from ..errors import ConfigError
 from ..models import Target, load
@@ -118,13 +118,12 @@ class ChatSession:
     def __init__(self, target: Target, *, spec: SpecConfig | None = None,
                  sampling: SamplingConfig | None = None,
                  generation: GenerationConfig | None = None, system: str | None = None,
-                 draft: Target | None = None, dtype: str | None = None):
+                 draft: Target | None = None):
         self.target = target
         self.spec = spec or SpecConfig()
         self.sampling = sampling or SamplingConfig()
         self.generation = generation or GenerationConfig()
         self.system = system
-        self.dtype = dtype
         self._draft = draft  # the draft model, loaded on first use of method "draft"
         self.engine = Engine(target, None, self.sampling)
         self.method = self.spec.method
@@ -170,7 +169,7 @@ class ChatSession:
         try:
             if method == "draft" and self._draft is None:
                 status(f"loading draft model {self.spec.draft}…")
-                self._draft = load(self.spec.draft, dtype=self.dtype, progress=True)
+                self._draft = load_draft(self.spec.draft, self.target)
             spec = dataclasses.replace(self.spec, method=method)
             self.engine.drafter = make_drafter(spec, self.target, self.sampling,
                                                draft=self._draft if method == "draft" else None)
@@ -233,7 +232,7 @@ def open_session(model_ref: str, *, spec: SpecConfig, sampling: SamplingConfig,
     status(f"loading {model_ref}…")
     target = load(model_ref, dtype=dtype, progress=True)
     session = ChatSession(target, spec=spec, sampling=sampling, generation=generation,
-                          system=system, dtype=dtype)
+                          system=system)
     session.prepare(status)
     return session
 
