@@ -12,13 +12,16 @@ Weight names follow the Hugging Face layout, so mlx-lm and HF model directories 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache import KVCache
 from ..errors import UnsupportedModelError
+from .ops import attend, on_cpu, prepare, silu
 
 FAMILY = ("llama", "mistral", "qwen2")
 
@@ -88,6 +91,15 @@ def _llama3_freqs(args: ModelArgs, s: dict) -> mx.array:
     return mx.where(in_mid, mid, freqs)
 
 
+def _rope(x: mx.array, positions, dims: int, **kw) -> mx.array:
+    """RoPE for a chain (int or scalar offset) or a tree (one position per token)."""
+    if isinstance(positions, int) or positions.ndim == 0:
+        return mx.fast.rope(x, dims, offset=positions, **kw)
+    # (1, H, N, D) -> (N, H, 1, D): one rope offset per batch element = per tree node
+    y = mx.fast.rope(x.transpose(2, 1, 0, 3), dims, offset=positions, **kw)
+    return y.transpose(2, 1, 0, 3)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -104,11 +116,7 @@ class Attention(nn.Module):
 
     def rope(self, x: mx.array, positions) -> mx.array:
         kw = dict(traditional=self.traditional, base=self.base, scale=self.rope_scale, freqs=self._freqs)
-        if isinstance(positions, int):
-            return mx.fast.rope(x, self.d, offset=positions, **kw)
-        # (1, H, N, D) -> (N, H, 1, D): one rope offset per batch element = per tree node
-        y = mx.fast.rope(x.transpose(2, 1, 0, 3), self.d, offset=positions, **kw)
-        return y.transpose(2, 1, 0, 3)
+        return _rope(x, positions, self.d, **kw)
 
     def __call__(self, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         B, N, _ = x.shape
@@ -117,7 +125,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).reshape(B, N, self.kv, self.d).transpose(0, 2, 1, 3)
         q, k = self.rope(q, positions), self.rope(k, positions)
         k, v = cache.write(layer, k, v)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        out = attend(q, k, v, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, N, -1))
 
 
@@ -130,7 +138,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -140,10 +148,148 @@ class Block(nn.Module):
         self.mlp = MLP(args)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self._fused: _FusedBlock | None = None
 
     def __call__(self, x, positions, mask, cache, layer):
+        if self._fused is not None and self._fused.current(self):
+            return self._fused(self, x, positions, mask, cache, layer)
         h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def fuse(self) -> bool:
+        """Concatenate q/k/v and gate/up into one weight each (the modules keep views of it).
+
+        Float layers only; returns whether the block now runs fused. Outputs are unchanged
+        (each output element is the same dot product); what changes is 4 matmuls per block
+        instead of 7 and, on small inputs, one compiled function on each side of attention.
+        """
+        self._fused = _FusedBlock.build(self)
+        return self._fused is not None
+
+
+# Forwards over at most this many tokens (decode steps, draft trees) run compiled; longer ones
+# (prefill chunks, whose lengths vary) run the same functions uncompiled rather than trace anew.
+COMPILE_MAX_TOKENS = 64
+
+
+def _compile_wanted() -> bool:
+    return os.environ.get("EDGESPEC_COMPILE", "1") != "0"
+
+
+class _FusedBlock:
+    """One block's fused weights and the two functions around attention that use them.
+
+    ``pre``: input norm, one q|k|v matmul, split, RoPE. ``post``: o_proj, residual, norm, one
+    gate|up matmul, SiLU, down_proj, residual. Attention and the cache write stay outside,
+    since their shapes change with the context length every step. The q/k/v and gate/up
+    modules keep views into the fused arrays, so there is one copy of every weight, and
+    ``current`` notices when something has replaced a module's weight since (the fused copy is
+    then stale and the block falls back to the module path).
+    """
+
+    compile_failed = False
+
+    def __init__(self, block: Block, weights: dict[str, mx.array], views: list[mx.array]):
+        a = block.self_attn
+        self.w = weights
+        self.views = views
+        self.scale = a.scale
+        self.key = (a.h, a.kv, a.d, block.input_layernorm.eps, a.traditional, a.base, a.rope_scale,
+                    a._freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
+                    block.mlp.gate_proj.weight.shape[0])
+        self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv") if n in weights]
+        if a._freqs is not None:
+            self.pre_args.append(a._freqs)
+        self.post_args = [weights[n] for n in ("wo", "n2", "wgu", "wd", "bgu", "bd") if n in weights]
+
+    @classmethod
+    def build(cls, block: Block) -> _FusedBlock | None:
+        a, m = block.self_attn, block.mlp
+        qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
+        if any(type(lin) is not nn.Linear for lin in (*qkv, *gu, a.o_proj, m.down_proj)):
+            return None  # quantized (or otherwise custom) layers keep the module path
+        if not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
+            return None
+        w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
+             "wqkv": mx.concatenate([lin.weight for lin in qkv]), "wo": a.o_proj.weight,
+             "wgu": mx.concatenate([lin.weight for lin in gu]), "wd": m.down_proj.weight}
+        if "bias" in a.q_proj:
+            w["bqkv"] = mx.concatenate([lin.bias for lin in qkv])
+        if "bias" in m.gate_proj:
+            w["bgu"] = mx.concatenate([lin.bias for lin in gu])
+        if "bias" in m.down_proj:
+            w["bd"] = m.down_proj.bias
+        mx.eval(w)
+        views = []
+        for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
+            start = 0
+            for lin in mods:
+                n = lin.weight.shape[0]
+                lin.weight = fused[start : start + n]
+                start += n
+                views.append(lin.weight)
+        mx.eval(views)
+        return cls(block, w, views)
+
+    def current(self, block: Block) -> bool:
+        a, m = block.self_attn, block.mlp
+        mods = (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)
+        return all(lin.weight is v for lin, v in zip(mods, self.views))
+
+    def __call__(self, block: Block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
+        positions, mask = prepare(positions, mask)
+        compiled = (x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
+                    and not _FusedBlock.compile_failed)
+        pre, post = _block_functions(self.key, compiled, on_cpu())
+        try:
+            q, k, v = pre(x, positions, *self.pre_args)
+        except (RuntimeError, ValueError):
+            if not compiled:
+                raise
+            # MLX's CPU compile builds its kernels with the system C++ compiler; without one
+            # (or if it fails) the same functions run uncompiled from now on.
+            _FusedBlock.compile_failed = True
+            pre, post = _block_functions(self.key, False, on_cpu())
+            q, k, v = pre(x, positions, *self.pre_args)
+        k, v = cache.write(layer, k, v)
+        return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
+
+
+@lru_cache(maxsize=None)
+def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attention choice
+    h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, inter = key
+    nq, nk = h * d, kv * d
+
+    def pre(x, positions, n1, wqkv, *rest):
+        rest = list(rest)
+        B, N, _ = x.shape
+        y = mx.fast.rms_norm(x, n1, eps) @ wqkv.T
+        if bqkv:
+            y = y + rest.pop(0)
+        freqs = rest.pop(0) if has_freqs else None
+        q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
+        q = q.reshape(B, N, h, d).transpose(0, 2, 1, 3)
+        k = k.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
+        v = v.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
+        kw = dict(traditional=traditional, base=base, scale=rope_scale, freqs=freqs)
+        return _rope(q, positions, d, **kw), _rope(k, positions, d, **kw), v
+
+    def post(x, attn, wo, n2, wgu, wd, *rest):
+        rest = list(rest)
+        B, N, _ = x.shape
+        hdn = x + attn.transpose(0, 2, 1, 3).reshape(B, N, -1) @ wo.T
+        g = mx.fast.rms_norm(hdn, n2, eps) @ wgu.T
+        if bgu:
+            g = g + rest.pop(0)
+        gate, up = mx.split(g, [inter], axis=-1)
+        y = (silu(gate) * up) @ wd.T
+        if bd:
+            y = y + rest.pop(0)
+        return hdn + y
+
+    if compiled:
+        return mx.compile(pre), mx.compile(post)
+    return pre, post
 
 
 class LlamaModel(nn.Module):
@@ -166,9 +312,14 @@ class Model(nn.Module):
 
     def __call__(self, tokens, positions, mask, cache: KVCache, layers: range | None = None):
         x = self.model.embed_tokens(tokens)
+        positions, mask = prepare(positions, mask)
         for i in layers if layers is not None else range(len(self.model.layers)):
             x = self.model.layers[i](x, positions, mask, cache, i)
         return x
+
+    def fuse(self) -> int:
+        """Fuse every float block (see ``Block.fuse``); returns how many now run fused."""
+        return sum(layer.fuse() for layer in self.model.layers)
 
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)

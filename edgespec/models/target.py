@@ -105,6 +105,7 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     except ValueError as e:
         raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
     mx.eval(model.parameters())
+    model.fuse()
     tokenizer = Tokenizer.from_dir(path)
     return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized)
 
