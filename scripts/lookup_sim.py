@@ -21,7 +21,7 @@ import numpy as np
 
 # ms per target forward over N tokens after ~128 tokens of context: demo model, float32, MKL,
 # 2-core VM (edgespec doctor and scripts/forward_profile.py on a quiet machine, averaged).
-COST_MS = {1: 57.0, 2: 64.0, 4: 91.0, 8: 116.0, 16: 150.0, 32: 230.0}
+COST_MS = {1: 40.0, 2: 47.0, 4: 70.0, 8: 84.0, 16: 105.0, 32: 160.0}
 
 
 def cost(n: int) -> float:
