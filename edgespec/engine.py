@@ -177,6 +177,8 @@ class Engine:
                 cache.commit()
                 mx.eval(cache.state())
             if drafter is not None:
+                if hasattr(drafter, "share_cache"):  # early exit: drafts in the target's cache
+                    drafter.share_cache(cache)
                 drafter.prefill(ids, None, cfg)
 
         def propose(root: int, budget: int) -> DraftTree:
@@ -190,7 +192,7 @@ class Engine:
             cache.reserve(len(tree))  # may drop old window entries: before the mask is built
             positions = cache.offset if tree.is_chain else cache.offset + tree.depths()
             mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
-            return target.forward(tree.tokens, positions, mask, cache)
+            return target.forward(tree.tokens, positions, mask, cache, reuse=tree.reuse)
 
         def accept(tree: DraftTree, out: TargetOutput) -> Accepted:
             if cfg.greedy:

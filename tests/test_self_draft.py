@@ -79,7 +79,43 @@ def test_window_rollover_with_skipped_layers(tmp_path):
     want = Engine(target).generate(prompt, max_tokens=12).token_ids
     for d in drafters(target):
         assert Engine(target, d).generate(prompt, max_tokens=12).token_ids == want
-        assert d.cache.start > 0  # it did compact
+        cache = d.shared if isinstance(d, EarlyExitDrafter) else d.cache
+        assert cache.start > 0  # it did compact
+
+
+def test_early_exit_verifies_only_the_upper_layers(target, monkeypatch):
+    """With the engine's shared cache the draft's layers < E are not recomputed: each step
+    runs layers < E once per tree node (drafting), layers >= E once per step (verifying)."""
+    E, L = 2, target.num_layers
+    calls = [0] * L
+    blocks = target.model.model.layers
+    originals = [type(b).__call__ for b in blocks]
+    assert len(set(originals)) == 1
+
+    def counting(self, x, positions, mask, cache, layer):
+        calls[next(i for i, b in enumerate(blocks) if b is self)] += x.shape[1]  # token-layers
+        return originals[0](self, x, positions, mask, cache, layer)
+
+    d = EarlyExitDrafter(target, GREEDY, exit_layer=E, num_draft=3)
+    eng = Engine(target, d)
+    ids = eng.encode(PROMPT)
+    monkeypatch.setattr(type(blocks[0]), "__call__", counting)
+    res = eng.generate(PROMPT, max_tokens=16)
+    monkeypatch.undo()
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=16).token_ids
+    prefill = len(ids) - 1
+    nodes = sum(s.proposed + 1 for s in res.steps)  # tree nodes scored, root included
+    assert calls[E:] == [prefill + nodes] * (L - E)  # prefill + one verification per step
+    assert calls[:E] == [prefill + nodes] * E  # prefill + each node fed once by the draft
+    assert d.cache.length == 0  # the drafter's own cache was never used
+
+
+def test_early_exit_reuse_keeps_sampling_exact(tmp_path):
+    """Shared-cache drafting under sampling: the first-token distribution is the target's."""
+    target = load_target(make_tiny_model(tmp_path, layers=4, window=8), dtype="float32")
+    p = first_token_check(target, lambda s: EarlyExitDrafter(target, s, exit_layer=3, num_draft=4),
+                          PROMPT * 3, {"temperature": 1.0, "top_k": 6}, runs=300)
+    assert p > 1e-3
 
 
 def test_confidence_ends_the_chain(target):

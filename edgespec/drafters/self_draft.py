@@ -19,18 +19,14 @@ The drafter's KV cache is its own and has one slot per layer it runs (slot j hol
 ``layers[j]``): a KVCache with slots for layers that are never run cannot compact its sliding
 window (``KVCache._compact`` slices every slot).
 
-Follow-up, not done here: reuse the draft's KV at verification. For early exit the keys/values of
-layers < E of a token equal (mathematically; not bit for bit, the batch shapes differ) what the
-target computes for it, and so does the hidden state entering layer E. Reusing them needs:
-(1) ``Model.__call__`` / ``Target.forward`` taking a hidden-state input and a first layer, so
-verification runs layers E..L-1 only; (2) the drafter handing the engine, with its tree, the
-layer-<E keys/values and the layer-E hidden state of every tree node (the root's come from the
-draft's feed; the last draft was never fed, so the drafter must feed it too, one more E-layer
-step); (3) the engine writing those keys/values into the target cache's scratch slots for
-layers < E before scoring, so that ``commit(path)`` keeps the accepted ones in every layer. After
-that the drafter's own cache is redundant: it can read layers < E of the target's committed
-cache, and would need only a scratch region of its own. That saves E/L of each verification pass
-and the draft cache's memory; (1)–(3) change the engine's contract, hence a separate change.
+KV reuse (early exit only): under the engine, ``EarlyExitDrafter`` drafts inside the target's
+own cache (``share_cache``). Layers < E of a token are the same computation for draft and
+target, so the draft writes their keys/values into the target cache's scratch slots, feeds
+every node (the last draft too) and hands the verifier the hidden state entering layer E in
+``tree.reuse``; ``Target.forward`` then runs layers E..L-1 only and ``commit(path)`` keeps the
+accepted nodes' slots in every layer. That saves E/L of each verification, the draft's own
+prefill and its KV cache. Layer skip cannot do this: a layer after a skipped one sees a
+different input than in the target.
 """
 
 from __future__ import annotations
@@ -46,7 +42,9 @@ from ..cache import KVCache
 from ..config import SamplingConfig
 from ..errors import ConfigError
 from ..models.target import Target, TargetOutput
-from ..tree import chain_mask
+from ..sampling import make_rng
+from ..tree import DraftTree, LayerReuse, chain_mask
+from ..verify import Accepted
 from .draft_model import DraftModelDrafter
 
 
@@ -121,6 +119,69 @@ class EarlyExitDrafter(_SelfDrafter):
                               f"({target.name} has {L} layers), got {exit_layer!r}")
         super().__init__(target, range(exit_layer), sampling, num_draft, max_draft, adaptive)
         self.exit_layer = exit_layer
+        self.target = target
+        self.shared: KVCache | None = None
+
+    def share_cache(self, cache: KVCache) -> None:
+        """Draft inside the target's own cache (the engine calls this before ``prefill``).
+
+        The first E layers of a token are the same computation for draft and target, so the
+        draft writes their keys/values straight into the target cache's scratch slots and hands
+        the verifier the hidden state entering layer E (``tree.reuse``); verification then runs
+        layers E..L-1 only. Nothing is prefilled for the draft (the target's prefill already
+        holds layers < E), and the draft keeps no cache of its own.
+        """
+        self.shared = cache
+
+    def prefill(self, tokens: list[int], target_out: TargetOutput | None,
+                sampling: SamplingConfig | None = None) -> None:
+        if self.shared is None:
+            return super().prefill(tokens, target_out, sampling)
+        self.history = list(tokens)
+        if sampling is not None:
+            self.sampling = sampling
+        self.rng = make_rng(self.sampling, stream=1)
+
+    def _lower(self, token: int) -> mx.array:
+        """Run ``token`` through layers < E in the shared cache, committing its slot (the caller
+        trims). Returns the hidden state entering layer E, shape (1, H)."""
+        cache = self.shared
+        cache.reserve(1)
+        mask = chain_mask(1, cache.key_positions(), cache.offset, cache.window)
+        x = self.target.model(mx.array([[token]]), cache.offset, mask, cache,
+                              layers=range(self.exit_layer))
+        cache.commit()
+        return x[0]
+
+    def propose(self, budget: int) -> DraftTree:
+        if self.shared is None:
+            return super().propose(budget)
+        k, root = min(self._longest(), budget), self.history[-1]
+        if k <= 0:
+            return DraftTree.chain(root, [])
+        cache = self.shared
+        cache.reserve(k + 1)  # a sliding window compacts now, not after the slots are filled
+        hidden, drafts, qs, token, stop = [], [], [], root, False
+        while True:  # every node is fed once (the last draft too: the verifier needs it)
+            hidden.append(self._lower(token))
+            if len(drafts) == k or stop:
+                break
+            logits = self.target.model.logits(hidden[-1])[0]
+            token, q = self._choose(logits)
+            drafts.append(token)
+            qs.append(q)
+            stop = self._stop_after(logits)
+        cache.trim(len(hidden))  # back to the committed history; the slots keep their values
+        q_rows = None if self.sampling.greedy else np.stack(qs + [np.zeros_like(qs[0])])
+        tree = DraftTree.chain(root, drafts, q_rows)
+        tree.reuse = LayerReuse(self.exit_layer, mx.concatenate(hidden, axis=0))
+        return tree
+
+    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
+        if self.shared is None:
+            return super().update(accepted, tree, target_out)
+        self.history.extend(accepted.tokens)
+        self.length.observe(tree.num_drafted, accepted.num_accepted)
 
 
 class LayerSkipDrafter(_SelfDrafter):
@@ -266,7 +327,8 @@ def calibrate_exit_layer(target: Target, prompt_ids: list[int], candidates: Sequ
 
     Greedy-decodes ``tokens`` tokens of ``prompt_ids`` with the target, runs one pass over prompt +
     continuation keeping every layer's hidden state, and scores each candidate E by its exact
-    greedy acceptance (``simulate_tau``) and measured step costs. Default candidates: every
+    greedy acceptance (``simulate_tau``) and measured step costs (with KV reuse: k + 1 draft
+    feeds through layers < E, verification through layers >= E). Default candidates: every
     ``max(1, L // 8)`` layers below L.
     """
     prompt_ids, L = _check_prompt(prompt_ids, tokens), target.num_layers
@@ -276,15 +338,17 @@ def calibrate_exit_layer(target: Target, prompt_ids: list[int], candidates: Sequ
     cont = _greedy_continuation(target, prompt_ids, tokens)
     cache, hidden = _layer_pass(target, prompt_ids + cont[:-1], tokens)
     truth = np.array(cont)
-    plain, verify = _base_costs(target, cache, num_draft)
+    plain = _step_cost(target, range(L), cache, 1)
     table = []
     for e in candidates:
         matches = np.array(mx.argmax(target.model.logits(hidden[e]), axis=-1)) == truth
         draft = _step_cost(target, range(e), cache, 1)
+        # with KV reuse a step feeds k + 1 nodes through layers < E and verifies layers >= E
+        verify = _step_cost(target, range(e, L), cache, num_draft + 1) if e < L else 0.0
         tau = simulate_tau(matches, num_draft)
         table.append(dict(exit_layer=e, accepted=float(matches.mean()), tau=tau,
                           draft_ms=draft * 1e3, verify_ms=verify * 1e3, plain_ms=plain * 1e3,
-                          speedup=expected_speedup(tau, num_draft, draft, verify, plain)))
+                          speedup=expected_speedup(tau, num_draft + 1, draft, verify, plain)))
     best, reason = choose_best(table, "exit_layer", min_speedup)
     return CalibrationResult(best, table, reason)
 

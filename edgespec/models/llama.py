@@ -310,8 +310,10 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
-    def __call__(self, tokens, positions, mask, cache: KVCache, layers: range | None = None):
-        x = self.model.embed_tokens(tokens)
+    def __call__(self, tokens, positions, mask, cache: KVCache, layers: range | None = None,
+                 hidden: mx.array | None = None):
+        """``hidden`` (1, N, H), when given, replaces the embedding as the input of ``layers``."""
+        x = self.model.embed_tokens(tokens) if hidden is None else hidden
         positions, mask = prepare(positions, mask)
         for i in layers if layers is not None else range(len(self.model.layers)):
             x = self.model.layers[i](x, positions, mask, cache, i)

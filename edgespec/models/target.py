@@ -20,6 +20,7 @@ import numpy as np
 from ..cache import KVCache
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..tokenizer import Tokenizer
+from ..tree import LayerReuse
 from .llama import Model, ModelArgs
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -56,10 +57,13 @@ class Target:
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers, window=self.args.sliding_window)
 
-    def forward(self, tokens, positions, mask, cache: KVCache) -> TargetOutput:
+    def forward(self, tokens, positions, mask, cache: KVCache, reuse: LayerReuse | None = None
+                ) -> TargetOutput:
         """Score ``tokens`` (list or (N,) array) at ``positions`` attending to ``cache`` + themselves.
 
         Writes their keys/values to the cache's scratch slots; the caller commits or discards.
+        With ``reuse`` (see ``tree.LayerReuse``) only the layers from ``reuse.layers`` on run,
+        starting from ``reuse.hidden``; the lower layers' scratch slots must already be filled.
         """
         tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
         if isinstance(positions, np.ndarray):
@@ -67,7 +71,14 @@ class Target:
         if isinstance(mask, np.ndarray):
             mask = mx.array(mask)
         cache.reserve(tokens.shape[0])
-        hidden = self.model(tokens[None], positions, mask, cache)[0]
+        if reuse is None:
+            hidden = self.model(tokens[None], positions, mask, cache)[0]
+        else:
+            if reuse.hidden.shape[0] != tokens.shape[0]:
+                raise ValueError(f"reuse.hidden has {reuse.hidden.shape[0]} rows for "
+                                 f"{tokens.shape[0]} tokens")
+            layers = range(reuse.layers, self.num_layers)
+            hidden = self.model(None, positions, mask, cache, layers=layers, hidden=reuse.hidden[None])[0]
         return TargetOutput(self.model.logits(hidden), hidden)
 
 
