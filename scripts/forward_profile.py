@@ -1,8 +1,9 @@
 """Where does a target forward's time go? 1/2/4/8/16-token forwards of a model, split.
 
-Usage: python scripts/forward_profile.py [MODEL] — times (median of repeats, after a 128-token
-context) the whole forward, the forward without the LM head, and the LM head alone, so the cost
-curve of verification can be attributed. Run it on a quiet machine.
+Usage: python scripts/forward_profile.py [MODEL] [ROUNDS] — after a 128-token context, times the
+whole forward (body + LM head), the body alone and the LM head alone for N = 1, 2, 4, 8, 16
+tokens. The sizes are interleaved round by round, so slow drift on a shared machine affects
+all of them alike; medians and minima over the rounds are printed. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -17,44 +18,51 @@ import mlx.core as mx
 from edgespec.models import load
 from edgespec.tree import chain_mask
 
-CONTEXT, REPEATS = 128, 15
+CONTEXT, SIZES = 128, (1, 2, 4, 8, 16)
 
 
-def median_ms(fn) -> float:
-    runs = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        mx.eval(fn())
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs[2:]) * 1e3
+def timed(fn) -> float:
+    t = time.perf_counter()
+    mx.eval(fn())
+    return (time.perf_counter() - t) * 1e3
 
 
-def main(ref: str = "demo") -> None:
-    target = load(ref)
+def main(ref: str = "demo", rounds: str = "25") -> None:
+    target = load(ref, progress=False)
     cache = target.make_cache()
     ids = [(7 * i) % 1000 + 10 for i in range(CONTEXT + 16)]
     cache.reserve(CONTEXT)
     target.forward(ids[:CONTEXT], 0, chain_mask(CONTEXT, cache.key_positions(), 0, None), cache)
     cache.commit()
     mx.eval(cache.state())
-    print(f"{'tokens':>6} {'forward':>9} {'no head':>9} {'head':>8}  (ms, median of {REPEATS - 2})")
-    base = None
-    for n in (1, 2, 4, 8, 16):
+    cases = {}
+    for n in SIZES:
         toks = mx.array(ids[CONTEXT : CONTEXT + n])
         mask = chain_mask(n, cache.key_positions(), cache.offset, None)
         mask = None if mask is None else mx.array(mask)
 
-        def body():
+        def body(toks=toks, mask=mask, n=n):
             cache.reserve(n)
             return target.model(toks[None], cache.offset, mask, cache)
 
         hidden = body()
         mx.eval(hidden)
-        full = median_ms(lambda: target.model.logits(body()))
-        no_head = median_ms(body)
-        head = median_ms(lambda: target.model.logits(hidden))
-        base = base or full
-        print(f"{n:>6} {full:>9.1f} {no_head:>9.1f} {head:>8.1f}   x{full / base:.2f}")
+        cases[n] = {"forward": lambda b=body: target.model.logits(b()), "body": body,
+                    "head": lambda h=hidden: target.model.logits(h)}
+        for fn in cases[n].values():  # warm up (compiles the small-input functions)
+            timed(fn)
+    times = {(n, part): [] for n in SIZES for part in ("forward", "body", "head")}
+    for _ in range(int(rounds)):
+        for n in SIZES:
+            for part, fn in cases[n].items():
+                times[n, part].append(timed(fn))
+    print(f"{'tokens':>6} {'forward':>9} {'(min)':>7} {'body':>7} {'head':>6}   ms, median of {rounds} rounds")
+    base = statistics.median(times[1, "forward"])
+    for n in SIZES:
+        fwd = statistics.median(times[n, "forward"])
+        print(f"{n:>6} {fwd:>9.1f} {min(times[n, 'forward']):>7.1f} "
+              f"{statistics.median(times[n, 'body']):>7.1f} {statistics.median(times[n, 'head']):>6.1f}"
+              f"   x{fwd / base:.2f}")
 
 
 if __name__ == "__main__":
