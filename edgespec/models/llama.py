@@ -173,6 +173,9 @@ COMPILE_MAX_TOKENS = 64
 
 
 def _compile_wanted() -> bool:
+    # On the CPU backend MLX builds fused kernels with the system C++ compiler (cached under
+    # /tmp/mlx); where none is found it evaluates the compiled graph unfused (checked with
+    # MLX 0.32.4 and no compiler on PATH), so nothing here depends on one.
     return os.environ.get("EDGESPEC_COMPILE", "1") != "0"
 
 
@@ -186,8 +189,6 @@ class _FusedBlock:
     ``current`` notices when something has replaced a module's weight since (the fused copy is
     then stale and the block falls back to the module path).
     """
-
-    compile_failed = False
 
     def __init__(self, block: Block, weights: dict[str, mx.array], views: list[mx.array]):
         a = block.self_attn
@@ -238,19 +239,9 @@ class _FusedBlock:
 
     def __call__(self, block: Block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         positions, mask = prepare(positions, mask)
-        compiled = (x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
-                    and not _FusedBlock.compile_failed)
+        compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
         pre, post = _block_functions(self.key, compiled, on_cpu())
-        try:
-            q, k, v = pre(x, positions, *self.pre_args)
-        except (RuntimeError, ValueError):
-            if not compiled:
-                raise
-            # MLX's CPU compile builds its kernels with the system C++ compiler; without one
-            # (or if it fails) the same functions run uncompiled from now on.
-            _FusedBlock.compile_failed = True
-            pre, post = _block_functions(self.key, False, on_cpu())
-            q, k, v = pre(x, positions, *self.pre_args)
+        q, k, v = pre(x, positions, *self.pre_args)
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
