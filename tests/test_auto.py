@@ -89,3 +89,38 @@ def test_auto_sampling_first_token_follows_target(target):
         target, lambda s: AutoDrafter({"none": None, "lookup": PromptLookupDrafter()}), PROMPT,
         {"temperature": 1.0, "top_k": 5}, runs=1000)
     assert pvalue > 1e-3
+
+
+class Unlucky(Costly):
+    """Charges ``cost`` for its first ``bad`` proposals, then 1."""
+
+    def __init__(self, inner, clock, cost, bad):
+        super().__init__(inner, clock, cost)
+        self.bad = bad
+
+    def propose(self, budget):
+        self.clock.t += self.cost if self.bad > 0 else 1
+        self.bad -= 1
+        return self.inner.propose(budget)
+
+
+def test_auto_retries_a_drafter_after_an_unlucky_start(target):
+    """A drafter that pays but whose first steps were slow is retried and then preferred."""
+    clock = FakeClock()
+    oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+    auto = AutoDrafter({"none": None, "oracle": Unlucky(oracle, clock, 20, bad=2)}, clock=clock)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=120)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=120).token_ids
+    assert auto.value["oracle"] > auto.value["none"]
+    assert sum(s.proposed > 0 for s in res.steps[-12:]) >= 9  # it ends on the oracle
+    assert auto.wait["none"] > auto.retry  # and plain decoding is now the arm far behind
+
+
+def test_auto_backs_off_from_a_drafter_far_behind(target):
+    clock = FakeClock()
+    auto = AutoDrafter({"none": None, "garbage": Costly(Garbage(), clock, 20)}, clock=clock,
+                       retry=2, max_wait=16)
+    Engine(target, auto).generate(PROMPT, max_tokens=120)
+    # retried after 2, 4, 8, 16, 16, ... plain steps: about one step in 16 once backed off
+    assert auto.pulls["garbage"] <= 2 + 120 // 16
+    assert auto.wait["garbage"] == 16

@@ -1,12 +1,18 @@
 """``auto``: a bandit over drafters (and plain decoding), steered by measured tokens per second.
 
-Each step one arm proposes: a drafter, or ``None`` (plain decoding: an empty tree). The reward of
-a step is the tokens it committed divided by the wall time from the proposal to the update
-(drafting + the target forward + verification), so an arm wins only by being faster on this
-machine, not by accepting more. Arm values are exponentially decayed averages, so the choice
-follows the text (lookup pays while the answer copies from the prompt and not elsewhere); each
-arm is tried first, then the best is taken, with a small exploration rate. When no drafter beats
-plain decoding, the plain arm is chosen and speculation is effectively off.
+Each step one arm proposes: a drafter, or ``None`` (plain decoding: an empty tree). An arm's
+value is its throughput: committed tokens over wall time from proposal to update, both summed
+with a decay per step (drafting + the target forward + verification), so an arm wins only by being faster on
+this machine, not by accepting more. Decay lets the choice follow the text (lookup pays while
+the answer copies from the prompt and not elsewhere).
+
+Each arm is tried first, then the best is taken. An arm not taken for ``retry`` steps is taken
+once more, since its value is stale and a few unlucky steps would otherwise shut out a drafter
+that pays; an arm far behind the best (under ``margin`` of its value) waits twice as long
+before each further retry, up to ``max_wait`` steps, so a drafter that does not pay costs at
+most about one step in ``max_wait``. When no drafter beats plain decoding, the plain arm is
+chosen and speculation is effectively off. The defaults come from replaying recorded demo-model
+answers against the measured cost curve with timing noise (``scripts/lookup_sim.py`` records).
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history. Which arm proposes never changes the output: the verifier is
@@ -31,13 +37,18 @@ PLAIN = "none"
 class AutoDrafter:
     name = "auto"
 
-    def __init__(self, arms: dict[str, Drafter | None], explore: float = 0.05,
-                 decay: float = 0.9, clock=time.perf_counter, seed: int = 0):
+    def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
+                 max_wait: int = 32, margin: float = 0.75, explore: float = 0.0,
+                 clock=time.perf_counter, seed: int = 0):
         assert PLAIN in arms, "auto needs the plain arm to fall back to"
         self.arms = arms
-        self.explore, self.decay, self.clock = explore, decay, clock
+        self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
+        self.explore, self.clock = explore, clock
         self.rng = np.random.default_rng(seed)
-        self.value = {name: None for name in arms}  # decayed tokens/s per arm; None = untried
+        self.value = {name: None for name in arms}  # tokens/s; None = untried
+        self.sums = {name: (0.0, 0.0) for name in arms}  # decayed (tokens, seconds)
+        self.idle = {name: 0 for name in arms}  # steps since the arm last proposed
+        self.wait = {name: retry for name in arms}  # steps before it is retried
         self.pulls = {name: 0 for name in arms}
         self.reset()
 
@@ -59,7 +70,10 @@ class AutoDrafter:
         untried = [n for n, v in self.value.items() if v is None]
         if untried:
             return untried[0]
-        if self.rng.random() < self.explore:
+        stale = [n for n in self.arms if self.idle[n] >= self.wait[n]]
+        if stale:
+            return max(stale, key=self.idle.get)
+        if self.explore and self.rng.random() < self.explore:
             return str(self.rng.choice(list(self.arms)))
         return max(self.value, key=self.value.get)
 
@@ -73,10 +87,18 @@ class AutoDrafter:
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         elapsed = max(self.clock() - self.started, 1e-9)
-        reward = len(accepted.tokens) / elapsed
-        old = self.value[self.current]
-        self.value[self.current] = reward if old is None else self.decay * old + (1 - self.decay) * reward
+        for name, (tokens, seconds) in self.sums.items():  # evidence fades with every step
+            if name == self.current:
+                tokens, seconds = tokens + len(accepted.tokens) / self.decay, seconds + elapsed / self.decay
+            self.sums[name] = (self.decay * tokens, self.decay * seconds)
+        tokens, seconds = self.sums[self.current]
+        self.value[self.current] = tokens / seconds
         self.pulls[self.current] += 1
+        for name in self.idle:
+            self.idle[name] = 0 if name == self.current else self.idle[name] + 1
+        best = max(v for v in self.value.values() if v is not None)
+        behind = self.value[self.current] < self.margin * best
+        self.wait[self.current] = min(2 * self.wait[self.current], self.max_wait) if behind else self.retry
         empty = DraftTree.chain(tree.tokens[0], [])
         for name, arm in self.arms.items():
             if arm is not None:
