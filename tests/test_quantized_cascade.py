@@ -73,6 +73,16 @@ def test_quantized_greedy_matches_plain(target, bits):
         assert res.stats.acceptance_rate > 0.5
 
 
+def test_quantized_copy_is_made_once_per_target_and_setting(sharp):
+    """A drafter per request (server, chat) reuses the quantized copy; outputs stay exact."""
+    a, b = (QuantizedDrafter(sharp, 4, SamplingConfig()) for _ in range(2))
+    assert a.draft is b.draft
+    assert QuantizedDrafter(sharp, 8, SamplingConfig()).draft is not a.draft
+    plain = Engine(sharp).generate(PROMPT, max_tokens=16).token_ids
+    assert Engine(sharp, a).generate(PROMPT, max_tokens=16).token_ids == plain
+    assert Engine(sharp, b).generate(PROMPT, max_tokens=16).token_ids == plain
+
+
 @pytest.mark.parametrize("bits", [8, 4, 2])
 def test_quantized_greedy_with_rejections(sharp, bits):
     plain = Engine(sharp).generate(PROMPT, max_tokens=32)

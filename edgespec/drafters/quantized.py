@@ -23,6 +23,8 @@ Honest costs:
 
 from __future__ import annotations
 
+import weakref
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -100,5 +102,18 @@ class QuantizedDrafter(DraftModelDrafter):
     def __init__(self, target: Target, bits: int, sampling: SamplingConfig, num_draft: int = 4,
                  max_draft: int = 12, adaptive: bool = True, group_size: int = 64):
         self.bits = bits
-        super().__init__(make_quantized_draft(target, bits, group_size), sampling, num_draft,
+        super().__init__(quantized_draft_for(target, bits, group_size), sampling, num_draft,
                          max_draft, adaptive, vocab_size=target.args.vocab_size)
+
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(bits, gs): draft}
+
+
+def quantized_draft_for(target: Target, bits: int, group_size: int = 64) -> Target:
+    """``make_quantized_draft``, made once per target and setting and kept while the target
+    lives: the server and the chat build a drafter per request, and quantizing the whole
+    model each time would cost seconds per request."""
+    copies = _COPIES.setdefault(target, {})
+    if (bits, group_size) not in copies:
+        copies[bits, group_size] = make_quantized_draft(target, bits, group_size)
+    return copies[bits, group_size]
