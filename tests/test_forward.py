@@ -1,0 +1,102 @@
+"""The decoder's forward: fused/compiled blocks agree with the module path; CPU ops agree with
+MLX's own kernels; a weight replaced after fusion is not served stale."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from edgespec.models import load_target
+from edgespec.models import llama
+from edgespec.models.ops import attend, silu
+from edgespec.tree import DraftTree, attention_mask, chain_mask
+
+from .tiny import make_tiny_model
+
+KINDS = {"llama": {}, "window": {"window": 8}, "bias": {"bias": True}}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def pair(request, tmp_path_factory):
+    """The same tiny model loaded twice: fused (as loaded) and with fusion undone."""
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), layers=3, **KINDS[request.param])
+    fused, plain = load_target(path, dtype="float32"), load_target(path, dtype="float32")
+    for block in plain.model.model.layers:
+        block._fused = None
+    return fused, plain
+
+
+def _logits(target, ids, tree: DraftTree | None = None):
+    cache = target.make_cache()
+    prefix = ids if tree is None else ids[:-1]
+    cache.reserve(len(prefix))
+    out = target.forward(prefix, 0, chain_mask(len(prefix), cache.key_positions(), 0, cache.window), cache)
+    if tree is None:
+        return out.logits
+    cache.commit()
+    cache.reserve(len(tree))
+    mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
+    return target.forward(tree.tokens, cache.offset + tree.depths(), mask, cache).logits
+
+
+@pytest.mark.parametrize("n", [1, 5, llama.COMPILE_MAX_TOKENS + 16])
+def test_fused_chain_matches_module_path(pair, n):
+    fused, plain = pair
+    assert all(b._fused is not None for b in fused.model.model.layers)
+    ids = [(5 * i + 3) % 200 + 4 for i in range(n)]
+    np.testing.assert_allclose(np.array(_logits(fused, ids)), np.array(_logits(plain, ids)), atol=1e-4)
+
+
+def test_fused_tree_matches_module_path(pair):
+    fused, plain = pair
+    ids = [(7 * i + 1) % 200 + 4 for i in range(20)]
+    tree = DraftTree([ids[-1], 9, 10, 11, 12, 13], [-1, 0, 0, 1, 1, 3])
+    np.testing.assert_allclose(np.array(_logits(fused, ids, tree)), np.array(_logits(plain, ids, tree)),
+                               atol=1e-4)
+
+
+def test_compile_off_gives_the_same_logits(pair, monkeypatch):
+    fused, _ = pair
+    ids = [(3 * i + 2) % 200 + 4 for i in range(12)]
+    compiled = np.array(_logits(fused, ids))
+    monkeypatch.setenv("EDGESPEC_COMPILE", "0")
+    np.testing.assert_allclose(np.array(_logits(fused, ids)), compiled, atol=1e-5)
+
+
+def test_fusion_keeps_one_copy_and_notices_replaced_weights(tmp_path):
+    target = load_target(make_tiny_model(tmp_path, layers=2), dtype="float32")
+    block = target.model.model.layers[0]
+    a = block.self_attn
+    fused_w = block._fused.w["wqkv"]
+    n = a.q_proj.weight.shape[0]
+    assert mx.array_equal(fused_w[:n], a.q_proj.weight) and block._fused.current(block)
+    ids = list(range(4, 14))
+    before = np.array(_logits(target, ids))
+    # replace a weight the usual way (load_weights): the fused copy is now stale
+    new = mx.random.normal(a.q_proj.weight.shape, key=mx.random.key(1)) * 0.1
+    target.model.load_weights([("model.layers.0.self_attn.q_proj.weight", new)], strict=False)
+    assert not block._fused.current(block)
+    after = np.array(_logits(target, ids))
+    block._fused = None  # the module path with the new weight is the reference
+    np.testing.assert_allclose(after, np.array(_logits(target, ids)), atol=1e-5)
+    assert not np.allclose(after, before, atol=1e-3)
+
+
+@pytest.mark.parametrize("n,t", [(1, 7), (4, 12), (9, 30)])
+def test_cpu_attention_matches_mlx_kernel(n, t):
+    rng = np.random.default_rng(n)
+    q = mx.array(rng.standard_normal((1, 6, n, 16)).astype(np.float32))
+    k, v = (mx.array(rng.standard_normal((1, 2, t, 16)).astype(np.float32)) for _ in range(2))
+    mask = rng.random((n, t)) < 0.7
+    mask[:, 0] = True  # every row sees something
+    mask = mx.array(mask)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    for m in (mask, mx.where(mask, 0.0, -mx.inf)):  # boolean and additive forms
+        np.testing.assert_allclose(np.array(attend(q, k, v, 0.25, m)), np.array(want), atol=1e-5)
+
+
+def test_cpu_silu_matches_mlx():
+    x = mx.linspace(-30, 30, 2001)
+    np.testing.assert_allclose(np.array(silu(x)), np.array(nn.silu(x)), atol=1e-5, rtol=1e-5)
