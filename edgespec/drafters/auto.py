@@ -1,9 +1,9 @@
 """``auto``: a bandit over drafters (and plain decoding), steered by measured tokens per second.
 
 Each step one arm proposes: a drafter, or ``None`` (plain decoding: an empty tree). An arm's
-value is its throughput: committed tokens over wall time from proposal to update, both summed
-with a decay per step (drafting + the target forward + verification), so an arm wins only by being faster on
-this machine, not by accepting more. Decay lets the choice follow the text (lookup pays while
+value is its throughput: committed tokens over wall time from proposal to update (drafting +
+the target forward + verification), both summed with a decay per step, so an arm wins only by
+being faster on this machine, not by accepting more. Decay lets the choice follow the text (lookup pays while
 the answer copies from the prompt and not elsewhere).
 
 Each arm is tried first, then the best is taken. An arm not taken for ``retry`` steps is taken
@@ -16,14 +16,12 @@ answers against the measured cost curve with timing noise (``scripts/lookup_sim.
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history. Which arm proposes never changes the output: the verifier is
-lossless for any proposal, and the bandit's own randomness is separate from sampling's.
+lossless for any proposal, and the bandit draws no random numbers of its own.
 """
 
 from __future__ import annotations
 
 import time
-
-import numpy as np
 
 from ..config import SamplingConfig
 from ..models.target import TargetOutput
@@ -38,13 +36,11 @@ class AutoDrafter:
     name = "auto"
 
     def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
-                 max_wait: int = 32, margin: float = 0.75, explore: float = 0.0,
-                 clock=time.perf_counter, seed: int = 0):
+                 max_wait: int = 32, margin: float = 0.75, clock=time.perf_counter):
         assert PLAIN in arms, "auto needs the plain arm to fall back to"
         self.arms = arms
         self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
-        self.explore, self.clock = explore, clock
-        self.rng = np.random.default_rng(seed)
+        self.clock = clock
         self.value = {name: None for name in arms}  # tokens/s; None = untried
         self.sums = {name: (0.0, 0.0) for name in arms}  # decayed (tokens, seconds)
         self.idle = {name: 0 for name in arms}  # steps since the arm last proposed
@@ -73,8 +69,6 @@ class AutoDrafter:
         stale = [n for n in self.arms if self.idle[n] >= self.wait[n]]
         if stale:
             return max(stale, key=self.idle.get)
-        if self.explore and self.rng.random() < self.explore:
-            return str(self.rng.choice(list(self.arms)))
         return max(self.value, key=self.value.get)
 
     def propose(self, budget: int) -> DraftTree:
@@ -87,11 +81,11 @@ class AutoDrafter:
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         elapsed = max(self.clock() - self.started, 1e-9)
-        for name, (tokens, seconds) in self.sums.items():  # evidence fades with every step
-            if name == self.current:
-                tokens, seconds = tokens + len(accepted.tokens) / self.decay, seconds + elapsed / self.decay
-            self.sums[name] = (self.decay * tokens, self.decay * seconds)
+        # evidence fades with every step, for every arm
+        self.sums = {n: (self.decay * t, self.decay * s) for n, (t, s) in self.sums.items()}
         tokens, seconds = self.sums[self.current]
+        tokens, seconds = tokens + len(accepted.tokens), seconds + elapsed
+        self.sums[self.current] = (tokens, seconds)
         self.value[self.current] = tokens / seconds
         self.pulls[self.current] += 1
         for name in self.idle:
