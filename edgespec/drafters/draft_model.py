@@ -66,6 +66,10 @@ class DraftModelDrafter:
             common = 0
         if not common:
             self.reset()
+        self._start(tokens, sampling)
+
+    def _start(self, tokens: list[int], sampling: SamplingConfig | None) -> None:
+        """Take ``tokens`` as the history and (re)seed the draft's random stream."""
         self.history = list(tokens)
         if sampling is not None:
             self.sampling = sampling

@@ -41,8 +41,8 @@ import numpy as np
 from ..cache import KVCache
 from ..config import SamplingConfig
 from ..errors import ConfigError
+from ..models.ops import prepare
 from ..models.target import Target, TargetOutput
-from ..sampling import make_rng
 from ..tree import DraftTree, LayerReuse, chain_mask
 from ..verify import Accepted
 from .draft_model import DraftModelDrafter
@@ -71,10 +71,7 @@ class LayerSubset:
     def forward(self, tokens, positions, mask, cache: KVCache) -> TargetOutput:
         """Like ``Target.forward``; ``cache`` comes from ``make_cache`` (slot j = ``layers[j]``)."""
         tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-        if isinstance(positions, np.ndarray):
-            positions = mx.array(positions.astype(np.int32))
-        if isinstance(mask, np.ndarray):
-            mask = mx.array(mask)
+        positions, mask = prepare(positions, mask)  # once, not in every layer
         cache.reserve(tokens.shape[0])
         model = self.target.model
         x = model.model.embed_tokens(tokens[None])
@@ -137,10 +134,7 @@ class EarlyExitDrafter(_SelfDrafter):
                 sampling: SamplingConfig | None = None) -> None:
         if self.shared is None:
             return super().prefill(tokens, target_out, sampling)
-        self.history = list(tokens)
-        if sampling is not None:
-            self.sampling = sampling
-        self.rng = make_rng(self.sampling, stream=1)
+        self._start(tokens, sampling)
 
     def _lower(self, token: int) -> mx.array:
         """Run ``token`` through layers < E in the shared cache, committing its slot (the caller
@@ -267,12 +261,11 @@ def _layer_pass(target: Target, seq: list[int], n: int) -> tuple[KVCache, list[m
     n tokens entering each layer (index L: after the last layer)."""
     cache = target.make_cache()
     cache.reserve(len(seq))
-    mask = chain_mask(len(seq), cache.key_positions(), 0, cache.window)
-    mask = mx.array(mask) if isinstance(mask, np.ndarray) else mask
+    positions, mask = prepare(0, chain_mask(len(seq), cache.key_positions(), 0, cache.window))
     x = target.model.model.embed_tokens(mx.array(seq)[None])
     hidden = [x[0, -n:]]
     for i, layer in enumerate(target.model.model.layers):
-        x = layer(x, 0, mask, cache, i)
+        x = layer(x, positions, mask, cache, i)
         hidden.append(x[0, -n:])
     cache.commit()
     mx.eval(hidden, cache.state())
@@ -288,7 +281,6 @@ def _step_cost(target: Target, layers: Sequence[int], cache: KVCache, n: int, re
         t0 = time.perf_counter()
         cache.reserve(n)
         mask = chain_mask(n, cache.key_positions(), cache.offset, cache.window)
-        mask = mx.array(mask) if isinstance(mask, np.ndarray) else mask
         x = target.model(tokens, cache.offset, mask, cache, layers=layers)
         mx.argmax(target.model.logits(x[0, -1])).item()
         times.append(time.perf_counter() - t0)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from ..cache import KVCache
 from ..errors import ModelLoadError, UnsupportedModelError
@@ -66,11 +65,7 @@ class Target:
         starting from ``reuse.hidden``; the lower layers' scratch slots must already be filled.
         """
         tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
-        if isinstance(positions, np.ndarray):
-            positions = mx.array(positions.astype(np.int32))
-        if isinstance(mask, np.ndarray):
-            mask = mx.array(mask)
-        cache.reserve(tokens.shape[0])
+        cache.reserve(tokens.shape[0])  # positions and mask are normalised by the model (ops.prepare)
         if reuse is None:
             hidden = self.model(tokens[None], positions, mask, cache)[0]
         else:
