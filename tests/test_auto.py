@@ -124,3 +124,40 @@ def test_auto_backs_off_from_a_drafter_far_behind(target):
     # retried after 2, 4, 8, 16, 16, ... plain steps: about one step in 16 once backed off
     assert auto.pulls["garbage"] <= 2 + 120 // 16
     assert auto.wait["garbage"] == 16
+
+
+class Sure(Costly):
+    """A slow drafter that declares itself sure on every ``every``-th proposal it is asked about."""
+
+    def __init__(self, inner, clock, cost, every):
+        super().__init__(inner, clock, cost)
+        self.every, self.asked = every, 0
+
+    def confident(self):
+        self.asked += 1
+        return self.asked % self.every == 0
+
+
+def test_auto_takes_a_confident_arm_outside_the_bandit(target):
+    """A step an arm is sure of goes to it even while the bandit backs off from it, and such
+    steps leave the bandit's values and pulls alone; the output stays exact."""
+    clock = FakeClock()
+    garbage = Sure(Garbage(), clock, 20, every=5)
+    auto = AutoDrafter({"none": None, "garbage": garbage}, clock=clock, retry=2, max_wait=16)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=80)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=80).token_ids
+    steps = len(res.steps)
+    assert auto.sure_steps["garbage"] == garbage.asked // 5 > 0
+    assert auto.pulls["none"] + auto.pulls["garbage"] + auto.sure_steps["garbage"] == steps
+    assert auto.pulls["garbage"] <= 2 + steps // 16  # the bandit still backs off from it
+    assert auto.report()["garbage"]["sure_steps"] == auto.sure_steps["garbage"]
+
+
+def test_lookup_is_confident_only_on_a_long_match():
+    lookup = PromptLookupDrafter()
+    lookup.prefill([1, 2, 3, 4, 9, 1, 2, 3], None)
+    assert lookup.confident()  # "1 2 3" occurred before
+    lookup.prefill([1, 2, 3, 4, 9, 2, 3], None)
+    assert not lookup.confident()  # only "2 3"
+    lookup.prefill([5, 6, 7], None)
+    assert not lookup.confident()  # nothing at all

@@ -11,7 +11,14 @@ once more, since its value is stale and a few unlucky steps would otherwise shut
 that pays; an arm far behind the best (under ``margin`` of its value) waits twice as long
 before each further retry, up to ``max_wait`` steps, so a drafter that does not pay costs at
 most about one step in ``max_wait``. When no drafter beats plain decoding, the plain arm is
-chosen and speculation is effectively off. The defaults come from replaying recorded demo-model
+chosen and speculation is effectively off.
+
+An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup with a
+match of 3 or more tokens, whose drafts ran at 1.4-3.5x plain decoding per step on the demo
+model's MT-bench answers). Such a step goes to that arm outside the bandit: it neither counts
+as a pull nor moves any value, so the bandit decides only the steps where the evidence is weak
+(a 1- or 2-token match, where drafting paid about 1.0-1.25x per step), rather than letting a
+plain-decoding retry throw away a long match. The defaults come from replaying recorded demo-model
 answers against the measured cost curve with timing noise (``scripts/lookup_sim.py`` records).
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
@@ -45,12 +52,13 @@ class AutoDrafter:
         self.sums = {name: (0.0, 0.0) for name in arms}  # decayed (tokens, seconds)
         self.idle = {name: 0 for name in arms}  # steps since the arm last proposed
         self.wait = {name: retry for name in arms}  # steps before it is retried
-        self.pulls = {name: 0 for name in arms}
+        self.pulls = {name: 0 for name in arms}  # bandit steps
+        self.sure_steps = {name: 0 for name in arms}  # steps taken on an arm's confidence
         self.reset()
 
     def reset(self) -> None:
         self.history: list[int] = []
-        self.current, self.started = PLAIN, 0.0
+        self.current, self.started, self.sure = PLAIN, 0.0, False
         for arm in self.arms.values():
             if arm is not None:
                 arm.reset()
@@ -72,7 +80,11 @@ class AutoDrafter:
         return max(self.value, key=self.value.get)
 
     def propose(self, budget: int) -> DraftTree:
-        self.current = self.choose()
+        sure = [n for n, a in self.arms.items() if a is not None and _confident(a)] if budget > 0 else []
+        self.sure = bool(sure)
+        self.current = sure[0] if sure else self.choose()
+        if sure:
+            self.sure_steps[self.current] += 1
         self.started = self.clock()
         arm = self.arms[self.current]
         if arm is None or budget <= 0:
@@ -80,11 +92,20 @@ class AutoDrafter:
         return arm.propose(budget)
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
-        elapsed = max(self.clock() - self.started, 1e-9)
+        if not self.sure:
+            self._learn(len(accepted.tokens), max(self.clock() - self.started, 1e-9))
+        empty = DraftTree.chain(tree.tokens[0], [])
+        for name, arm in self.arms.items():
+            if arm is not None:
+                arm.update(accepted, tree if name == self.current else empty, target_out)
+        self.history.extend(accepted.tokens)
+
+    def _learn(self, committed: int, elapsed: float) -> None:
+        """Credit a bandit step's tokens and seconds to the arm that proposed it."""
         # evidence fades with every step, for every arm
         self.sums = {n: (self.decay * t, self.decay * s) for n, (t, s) in self.sums.items()}
         tokens, seconds = self.sums[self.current]
-        tokens, seconds = tokens + len(accepted.tokens), seconds + elapsed
+        tokens, seconds = tokens + committed, seconds + elapsed
         self.sums[self.current] = (tokens, seconds)
         self.value[self.current] = tokens / seconds
         self.pulls[self.current] += 1
@@ -93,13 +114,13 @@ class AutoDrafter:
         best = max(v for v in self.value.values() if v is not None)
         behind = self.value[self.current] < self.margin * best
         self.wait[self.current] = min(2 * self.wait[self.current], self.max_wait) if behind else self.retry
-        empty = DraftTree.chain(tree.tokens[0], [])
-        for name, arm in self.arms.items():
-            if arm is not None:
-                arm.update(accepted, tree if name == self.current else empty, target_out)
-        self.history.extend(accepted.tokens)
 
     def report(self) -> dict:
-        """Per arm: steps taken and decayed tokens/s (for stats and the bench)."""
-        return {n: {"steps": self.pulls[n], "tok_s": None if v is None else round(v, 2)}
-                for n, v in self.value.items()}
+        """Per arm: bandit steps, steps taken on its confidence, and decayed tokens/s."""
+        return {n: {"steps": self.pulls[n], "sure_steps": self.sure_steps[n],
+                    "tok_s": None if v is None else round(v, 2)} for n, v in self.value.items()}
+
+
+def _confident(arm: Drafter) -> bool:
+    sure = getattr(arm, "confident", None)
+    return bool(sure()) if sure is not None else False

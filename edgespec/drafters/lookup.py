@@ -91,6 +91,16 @@ class PromptLookupDrafter:
         k = self._REACH[min(match, len(self._REACH) - 1)] + 2 * self.streak
         return max(1, min(k, max(self.base, 1) * 2, self.max_draft, budget))
 
+    # A match this long pays on its own (see ``AutoDrafter``): auto then drafts without asking
+    # its bandit. Measured per step on the 24 MT-bench answers of the demo model: 3-token
+    # matches ran at 1.4-1.9x plain decoding, 4+ at 1.6-3.5x; 1- and 2-token matches 1.0-1.25x.
+    SURE_MATCH = 3
+
+    def confident(self) -> bool:
+        """Whether the next proposal rests on a match of at least ``SURE_MATCH`` tokens."""
+        match, starts = self.index.continuations(1)
+        return bool(starts) and match >= self.SURE_MATCH
+
     def propose(self, budget: int) -> DraftTree:
         toks = self.index.tokens
         root = toks[-1]
