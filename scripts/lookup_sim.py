@@ -9,6 +9,13 @@ heuristics quickly; only `edgespec bench` measures speed.
 
     python scripts/lookup_sim.py --record greedy.json [--limit N]   # runs the demo model once
     python scripts/lookup_sim.py greedy.json                        # replays lookup
+    python scripts/lookup_sim.py greedy.json --bound                # what no lookup can beat
+
+``--bound`` replays a clairvoyant prompt lookup: at every step it knows the true continuation,
+looks at every earlier occurrence of the last token in the prompt and the answer so far, takes
+the one whose continuation matches the truth longest, and drafts exactly as much of it as pays
+best on the cost curve. A real lookup drafter sees the same material without knowing which
+occurrence is right or how far it holds, so (on the same cost curve) it cannot do better.
 """
 
 from __future__ import annotations
@@ -70,6 +77,38 @@ def simulate(records: list[dict], make) -> dict:
     return rows
 
 
+def clairvoyant(records: list[dict]) -> dict:
+    """Per category and overall: τ and estimated speedup of the clairvoyant lookup (``--bound``)."""
+    per_cat = defaultdict(lambda: [0, 0, 0.0, 0.0])
+    for r in records:
+        seq = r["prompt"] + r["output"]
+        first, last = len(r["prompt"]), len(seq)
+        seen: dict[int, list[int]] = defaultdict(list)  # token -> positions, in the known text
+        for i, t in enumerate(seq[: first - 1]):
+            seen[t].append(i)
+        c, pos = per_cat[r["category"]], first  # seq[pos] is the next token to produce
+        while pos < last:
+            best = 0
+            for j in seen[seq[pos - 1]]:
+                n = 0
+                while pos + n < last - 1 and j + 1 + n < pos and seq[j + 1 + n] == seq[pos + n]:
+                    n += 1
+                best = max(best, n)
+            d = max(range(best + 1), key=lambda d: (d + 1) / cost(d + 1))
+            for i in range(pos - 1, pos + d):
+                seen[seq[i]].append(i)
+            pos += d + 1
+            c[1] += 1
+            c[2] += cost(d + 1)
+        n = last - first
+        c[0] += n
+        c[3] += n * cost(1)
+    rows = {cat: {"tau": t / f, "est_speedup": plain / ms} for cat, (t, f, ms, plain) in per_cat.items()}
+    t, f, ms, plain = (sum(v[i] for v in per_cat.values()) for i in range(4))
+    rows["overall"] = {"tau": t / f, "est_speedup": plain / ms}
+    return rows
+
+
 def record(path: str, limit: int | None) -> None:
     import edgespec
     from edgespec import Engine
@@ -91,6 +130,7 @@ def main() -> None:
     ap.add_argument("records")
     ap.add_argument("--record", action="store_true", help="run the demo model and write RECORDS")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--bound", action="store_true", help="replay the clairvoyant lookup instead")
     args = ap.parse_args()
     if args.record:
         record(args.records, args.limit)
@@ -98,7 +138,8 @@ def main() -> None:
     from edgespec.drafters.lookup import PromptLookupDrafter
 
     records = json.load(open(args.records))
-    for name, row in simulate(records, PromptLookupDrafter).items():
+    rows = clairvoyant(records) if args.bound else simulate(records, PromptLookupDrafter)
+    for name, row in rows.items():
         print(f"{name:12s} tau {row['tau']:.2f}  est. speedup {row['est_speedup']:.2f}x")
 
 
