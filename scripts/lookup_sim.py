@@ -61,6 +61,14 @@ def replay(drafter, prompt: list[int], output: list[int]) -> tuple[int, float]:
     return forwards, ms
 
 
+def _rows(per_cat: dict) -> dict:
+    """τ and estimated speedup per category and overall from [tokens, forwards, ms, plain ms]."""
+    rows = {cat: {"tau": t / f, "est_speedup": plain / ms} for cat, (t, f, ms, plain) in per_cat.items()}
+    t, f, ms, plain = (sum(v[i] for v in per_cat.values()) for i in range(4))
+    rows["overall"] = {"tau": t / f, "est_speedup": plain / ms}
+    return rows
+
+
 def simulate(records: list[dict], make) -> dict:
     per_cat = defaultdict(lambda: [0, 0, 0.0, 0.0])  # tokens, forwards, ms, plain ms
     for r in records:
@@ -71,10 +79,7 @@ def simulate(records: list[dict], make) -> dict:
         c[1] += f
         c[2] += ms
         c[3] += n * cost(1)
-    rows = {cat: {"tau": t / f, "est_speedup": plain / ms} for cat, (t, f, ms, plain) in per_cat.items()}
-    t, f, ms, plain = (sum(v[i] for v in per_cat.values()) for i in range(4))
-    rows["overall"] = {"tau": t / f, "est_speedup": plain / ms}
-    return rows
+    return _rows(per_cat)
 
 
 def clairvoyant(records: list[dict]) -> dict:
@@ -103,10 +108,7 @@ def clairvoyant(records: list[dict]) -> dict:
         n = last - first
         c[0] += n
         c[3] += n * cost(1)
-    rows = {cat: {"tau": t / f, "est_speedup": plain / ms} for cat, (t, f, ms, plain) in per_cat.items()}
-    t, f, ms, plain = (sum(v[i] for v in per_cat.values()) for i in range(4))
-    rows["overall"] = {"tau": t / f, "est_speedup": plain / ms}
-    return rows
+    return _rows(per_cat)
 
 
 def record(path: str, limit: int | None) -> None:

@@ -3,23 +3,23 @@
 Each step one arm proposes: a drafter, or ``None`` (plain decoding: an empty tree). An arm's
 value is its throughput: committed tokens over wall time from proposal to update (drafting +
 the target forward + verification), both summed with a decay per step, so an arm wins only by
-being faster on this machine, not by accepting more. Decay lets the choice follow the text (lookup pays while
-the answer copies from the prompt and not elsewhere).
+being faster on this machine, not by accepting more. Decay lets the choice follow the text
+(lookup pays while the answer copies from the prompt and not elsewhere).
 
 Each arm is tried first, then the best is taken. An arm not taken for ``retry`` steps is taken
 once more, since its value is stale and a few unlucky steps would otherwise shut out a drafter
 that pays; an arm far behind the best (under ``margin`` of its value) waits twice as long
 before each further retry, up to ``max_wait`` steps, so a drafter that does not pay costs at
 most about one step in ``max_wait``. When no drafter beats plain decoding, the plain arm is
-chosen and speculation is effectively off.
-
-An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup with a
-match of 3 or more tokens, whose drafts ran at 1.4-3.5x plain decoding per step on the demo
-model's MT-bench answers). Such a step goes to that arm outside the bandit: it neither counts
-as a pull nor moves any value, so the bandit decides only the steps where the evidence is weak
-(a 1- or 2-token match, where drafting paid about 1.0-1.25x per step), rather than letting a
-plain-decoding retry throw away a long match. The defaults come from replaying recorded demo-model
+chosen and speculation is effectively off. The defaults come from replaying recorded demo-model
 answers against the measured cost curve with timing noise (``scripts/lookup_sim.py`` records).
+
+An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup with
+a match of 3 or more tokens, whose drafts were estimated at 1.4-3.5x plain decoding per step by
+replaying the demo model's MT-bench answers against the measured cost curve). Such a step goes
+to that arm outside the bandit: it neither counts as a pull nor moves any value, so the bandit
+decides only the steps where the evidence is weak (a 1- or 2-token match, estimated at about
+1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history. Which arm proposes never changes the output: the verifier is

@@ -92,8 +92,9 @@ class PromptLookupDrafter:
         return max(1, min(k, max(self.base, 1) * 2, self.max_draft, budget))
 
     # A match this long pays on its own (see ``AutoDrafter``): auto then drafts without asking
-    # its bandit. Measured per step on the 24 MT-bench answers of the demo model: 3-token
-    # matches ran at 1.4-1.9x plain decoding, 4+ at 1.6-3.5x; 1- and 2-token matches 1.0-1.25x.
+    # its bandit. Estimated per step by replaying 24 MT-bench answers of the demo model against
+    # the measured cost curve (scripts/lookup_sim.py): 3-token matches 1.4-1.9x plain decoding,
+    # 4+ 1.6-3.5x; 1- and 2-token matches 1.0-1.25x.
     SURE_MATCH = 3
 
     def confident(self) -> bool:
