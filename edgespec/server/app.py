@@ -42,7 +42,12 @@ from .worker import Done, Failed, GenRequest, Job, Worker
 
 _TICK_S = 1.0  # how often a waiting handler checks the worker and its client
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
-_SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+# With "stream": true a 200 is a server-sent event stream; its schema describes one event (as
+# OpenAPI 3.2 reads text/event-stream): a JSON chunk, or "[DONE]", in ``data``.
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string"}, "event": {"type": "string"},
+                             "id": {"type": "string"}, "retry": {"type": "integer"}}}
+_SSE = {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}
 
 
 def create_app(state: ServerState) -> FastAPI:
