@@ -12,7 +12,7 @@ Public API::
 
 import warnings
 
-from . import _blas
+from .loading import _blas
 from .errors import ConfigError as _ConfigError
 
 try:
@@ -25,7 +25,7 @@ from .config import GenerationConfig, SamplingConfig, SpecConfig  # noqa: E402
 from .drafters import make_drafter  # noqa: E402
 from .engine import Engine, Result, Stats, Step  # noqa: E402
 from .errors import EdgespecError  # noqa: E402
-from .models import Target, load  # noqa: E402
+from .targets import Target, load  # noqa: E402
 
 __all__ = [
     "BLAS", "Engine", "EdgespecError", "GenerationConfig", "Result", "SamplingConfig",

@@ -25,12 +25,12 @@ from pathlib import Path
 import mlx.core as mx
 from tqdm import tqdm
 
-from ._blas import blas_info
+from .loading._blas import blas_info
 from .config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import load_draft, make_drafter
 from .engine import Engine
 from .errors import ConfigError
-from .models import Target
+from .targets import Target
 
 BASELINE = "none"
 NEEDS_DRAFT = ("draft", "cascade")  # methods that run a separate draft model

@@ -181,7 +181,7 @@ def generate(model_ref, method, prompt, system, raw, dtype, as_json, stop, **kw)
 def bench(model_ref, prompts_file, methods, draft, num_draft, max_tokens, limit, json_out, dtype):
     """Measure methods against plain decoding, in one process, over a prompts file."""
     from . import bench as benchmod
-    from .models import load
+    from .targets import load
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     for m in names:
@@ -210,8 +210,8 @@ def bench(model_ref, prompts_file, methods, draft, num_draft, max_tokens, limit,
 @guarded
 def make_draft(model_ref, layers, out_dir):
     """Write a draft model made of the target's first N layers, final norm and LM head."""
-    from .hub import resolve_model
-    from .models.derive import truncate_model
+    from .loading.hub import resolve_model
+    from .targets.derive import truncate_model
 
     path = truncate_model(resolve_model(model_ref), layers, out_dir)
     click.echo(f"wrote {path} ({layers} layers of {model_ref})")

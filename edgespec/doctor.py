@@ -15,9 +15,9 @@ import time
 import mlx.core as mx
 
 from . import BLAS, __version__
-from ._blas import blas_info
+from .loading._blas import blas_info
 from .engine import Engine
-from .models import load
+from .targets import load
 from .tree import chain_mask
 
 _CONTEXT, _REPEATS = 128, 9

@@ -26,7 +26,7 @@ import numpy as np
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
 from .errors import CacheRollbackError, ConfigError, ContextOverflowError
-from .models.target import Target, TargetOutput
+from .targets.target import Target, TargetOutput
 from .sampling import make_rng, probs
 from .stream_text import TextStream
 from .tree import DraftTree, attention_mask, chain_mask

@@ -7,7 +7,7 @@ right before the first stop string that occurred.
 
 from __future__ import annotations
 
-from .tokenizer import StreamDecoder, Tokenizer
+from .loading.tokenizer import StreamDecoder, Tokenizer
 
 
 class TextStream:

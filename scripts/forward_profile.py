@@ -15,7 +15,7 @@ import time
 import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.core as mx
 
-from edgespec.models import load
+from edgespec.targets import load
 from edgespec.tree import chain_mask
 
 CONTEXT, SIZES = 128, (1, 2, 4, 8, 16)

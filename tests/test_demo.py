@@ -9,8 +9,8 @@ import pytest
 
 import edgespec
 from edgespec import Engine, SamplingConfig, SpecConfig
-from edgespec.hub import resolve_model
-from edgespec.models.derive import truncate_model
+from edgespec.loading.hub import resolve_model
+from edgespec.targets.derive import truncate_model
 
 pytestmark = pytest.mark.demo
 

@@ -12,7 +12,7 @@ import pytest
 
 from edgespec import Engine, SamplingConfig
 from edgespec.drafters import DraftModelDrafter
-from edgespec.models import load_target
+from edgespec.targets import load_target
 from edgespec.tree import DraftTree, chain_mask
 
 from .tiny import first_token_check, make_tiny_model

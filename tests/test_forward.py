@@ -8,9 +8,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from edgespec.models import load_target
-from edgespec.models import llama
-from edgespec.models.ops import attend, silu
+from edgespec.targets import load_target
+from edgespec.targets import llama
+from edgespec.kernels.attention import attend
+from edgespec.kernels.activations import silu
+from edgespec.kernels.fused_block import COMPILE_MAX_TOKENS
 from edgespec.tree import DraftTree, attention_mask, chain_mask
 
 from .tiny import make_tiny_model
@@ -41,7 +43,7 @@ def _logits(target, ids, tree: DraftTree | None = None):
     return target.forward(tree.tokens, cache.offset + tree.depths(), mask, cache).logits
 
 
-@pytest.mark.parametrize("n", [1, 5, llama.COMPILE_MAX_TOKENS + 16])
+@pytest.mark.parametrize("n", [1, 5, COMPILE_MAX_TOKENS + 16])
 def test_fused_chain_matches_module_path(pair, n):
     fused, plain = pair
     assert all(b._fused is not None for b in fused.model.model.layers)

@@ -16,9 +16,9 @@ from gguf import GGUFReader, quants
 
 from ._gguf_fixtures import (FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, TOKENS, permute,
                             write_tiny_gguf)
-from edgespec import gguf as eg
+from edgespec.loading import gguf as eg
 from edgespec.errors import ModelLoadError, TokenizerError, UnsupportedModelError
-from edgespec.tokenizer import StreamDecoder, Tokenizer
+from edgespec.loading.tokenizer import StreamDecoder, Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +93,9 @@ def test_unpermute_inverts_permute():
     ("model.layers.0.self_attn.v_proj", None, 1e-3), ("lm_head", None, 1e-3)])
 def test_dequantized_values_close_to_originals(converted, module, bits, tol):
     weights, _, out = converted
-    gguf_name = {v: k for k, v in eg._GLOBAL_NAMES.items()}.get(module)
+    gguf_name = {v: k for k, v in eg.tensors._GLOBAL_NAMES.items()}.get(module)
     if gguf_name is None:
-        kind = {v: k for k, v in eg._LAYER_NAMES.items()}[module.split(".", 3)[-1]]
+        kind = {v: k for k, v in eg.tensors._LAYER_NAMES.items()}[module.split(".", 3)[-1]]
         gguf_name = f"blk.0.{kind}"
     got = _dense(mx.load(str(out / "model.safetensors")), module, bits)
     assert np.abs(got - weights[f"{gguf_name}.weight"]).max() < tol
@@ -211,7 +211,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, converted, monkeypatch)
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(eg.mx, "save_safetensors", fail)
+    monkeypatch.setattr(eg.convert.mx, "save_safetensors", fail)
     with pytest.raises(KeyboardInterrupt):
         eg.convert_gguf(converted[1], tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []  # no out/, no .partial directory
@@ -250,7 +250,7 @@ def _greedy(model, ids: list[int], eos: frozenset[int], n: int) -> list[int]:
 
 @pytest.mark.demo
 def test_demo_model_end_to_end(tmp_path, monkeypatch):
-    from edgespec.hub import resolve_model
+    from edgespec.loading.hub import resolve_model
 
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
     path = resolve_model("demo", progress=False)  # converts (about 4 s)

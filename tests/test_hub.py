@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from edgespec import hub
+from edgespec.loading import hub
 from edgespec.errors import ModelLoadError
 
 from ._gguf_fixtures import write_tiny_gguf, write_tokenizer_dir
@@ -46,7 +46,7 @@ def test_gguf_is_converted_once_and_reused(tmp_path, cache, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr("edgespec.gguf.convert_gguf", no_conversion)
+    monkeypatch.setattr("edgespec.loading.gguf.convert_gguf", no_conversion)
     assert hub.resolve_model(str(tmp_path / "tiny.gguf")) == path
     assert [p.name for p in (cache / "models").iterdir()] == [path.name]  # no leftovers
     monkeypatch.undo()
@@ -63,7 +63,7 @@ def test_a_concurrent_conversion_that_won_is_reused(tmp_path, cache, monkeypatch
         _model_dir(out)  # the other process finished first
         raise ModelLoadError(f"output directory {out} already exists and is not empty")
 
-    monkeypatch.setattr("edgespec.gguf.convert_gguf", lose_the_race)
+    monkeypatch.setattr("edgespec.loading.gguf.convert_gguf", lose_the_race)
     assert hub.resolve_model(str(tmp_path / "tiny.gguf")) == target
 
 

@@ -9,8 +9,8 @@ import pytest
 from edgespec import Engine
 from edgespec.drafters.lookahead import JacobiWindow, LookaheadDrafter, NgramPool
 from edgespec.errors import ConfigError
-from edgespec.models import load_target
-from edgespec.models.target import TargetOutput
+from edgespec.targets import load_target
+from edgespec.targets.target import TargetOutput
 from edgespec.tree import DraftTree
 from edgespec.verify import Accepted
 

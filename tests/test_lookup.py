@@ -7,7 +7,7 @@ import pytest
 
 from edgespec import Engine
 from edgespec.drafters.lookup import NgramIndex, PromptLookupDrafter
-from edgespec.models import load_target
+from edgespec.targets import load_target
 
 from .tiny import first_token_check, make_tiny_model
 

@@ -16,7 +16,7 @@ from edgespec.drafters import DraftModelDrafter
 from edgespec.drafters.cascade import CascadeDrafter
 from edgespec.drafters.quantized import QuantizedDrafter, make_quantized_draft
 from edgespec.errors import ConfigError
-from edgespec.models import load_target
+from edgespec.targets import load_target
 from edgespec.sampling import probs
 from edgespec.tree import chain_mask
 

@@ -13,7 +13,7 @@ from edgespec.drafters.self_draft import (
     expected_speedup, search_layer_subset, simulate_tau,
 )
 from edgespec.errors import ConfigError
-from edgespec.models import load_target
+from edgespec.targets import load_target
 from edgespec.tree import chain_mask
 
 from .tiny import first_token_check, make_tiny_model

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from edgespec.errors import ConfigError, TokenizerError
-from edgespec.tokenizer import CHATML_TEMPLATE, StreamDecoder, Tokenizer
+from edgespec.loading.tokenizer import CHATML_TEMPLATE, StreamDecoder, Tokenizer
 
 from ._gguf_fixtures import CHAT_TEMPLATE, SPECIALS, TOKENS, write_tokenizer_dir
 

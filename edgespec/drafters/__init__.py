@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..config import SamplingConfig, SpecConfig
-from ..models.target import Target
+from ..targets.target import Target
 from .auto import AutoDrafter
 from .base import AdaptiveLength, Drafter
 from .draft_model import DraftModelDrafter, check_vocabularies
@@ -54,14 +54,14 @@ def lookahead_defaults() -> dict:
     on 8 MT-bench prompts of the demo model (64 tokens, greedy) W,N,G = 1,2,4 ran at 0.97x
     plain decoding, 1,3,2 at 0.88x, 1,3,6 at 0.78x, 2,3,2 at 0.63x and 4,4,4 at 0.48x. GPUs
     score wide trees almost for free; 4,4,4 is kept there (not measured here)."""
-    from ..models.ops import on_cpu
+    from ..kernels.backend import on_cpu
 
     return dict(window=1, ngram=2, guesses=4) if on_cpu() else dict(window=4, ngram=4, guesses=4)
 
 
 def load_draft(ref: str, target: Target, progress: bool = True) -> Target:
     """Load a draft model in the target's dtype and check that it shares the target's vocabulary."""
-    from ..models import load
+    from ..targets import load
 
     draft = load(ref, dtype=target.dtype if target.dtype != "native" else None, progress=progress)
     check_vocabularies(target, draft)

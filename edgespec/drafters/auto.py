@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 
 from ..config import SamplingConfig
-from ..models.target import TargetOutput
+from ..targets.target import TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
 from .base import Drafter

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..config import SamplingConfig
-from ..models.target import TargetOutput
+from ..targets.target import TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
 

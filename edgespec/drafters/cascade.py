@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..models.target import Target
+from ..targets.target import Target
 from ..sampling import probs
 from ..tree import DraftTree, attention_mask
 from ..verify import Accepted, verify_greedy, verify_sampling

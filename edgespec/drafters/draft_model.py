@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..errors import CacheRollbackError, DraftMismatchError
-from ..models.target import Target, TargetOutput
+from ..targets.target import Target, TargetOutput
 from ..sampling import make_rng, probs, sample
 from ..tree import DraftTree, chain_mask
 from ..verify import Accepted

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..models.target import TargetOutput
+from ..targets.target import TargetOutput
 from ..tree import DraftTree, merge
 from ..verify import Accepted
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..config import SamplingConfig
-from ..models.target import TargetOutput
+from ..targets.target import TargetOutput
 from ..tree import DraftTree, merge
 from ..verify import Accepted
 

@@ -31,8 +31,8 @@ from mlx.utils import tree_flatten
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..models.llama import Model
-from ..models.target import Target
+from ..targets.llama import Model
+from ..targets.target import Target
 from .draft_model import DraftModelDrafter
 
 QUANT_BITS = (2, 3, 4, 8)

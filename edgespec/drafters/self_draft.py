@@ -41,8 +41,8 @@ import numpy as np
 from ..cache import KVCache
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..models.ops import prepare
-from ..models.target import Target, TargetOutput
+from ..kernels.attention import prepare
+from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, LayerReuse, chain_mask
 from ..verify import Accepted
 from .draft_model import DraftModelDrafter

@@ -15,7 +15,7 @@ from ..config import METHODS, SpecConfig
 from ..drafters import load_draft
 from ..engine import Engine
 from ..errors import ConfigError
-from ..models import load
+from ..targets import load
 from .worker import Worker
 
 # Default --method: the first of these that this server can run. Methods that need nothing

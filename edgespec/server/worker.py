@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import make_drafter
 from ..engine import Engine, Stats, Step
-from ..models import Target
+from ..targets import Target
 from .errors import UnavailableError
 
 log = logging.getLogger("edgespec.server")

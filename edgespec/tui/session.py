@@ -39,8 +39,8 @@ from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import load_draft, make_drafter
 from ..engine import Engine, Stats, Step
 from ..errors import ConfigError
-from ..models import Target, load
-from ..tokenizer import StreamDecoder, Tokenizer
+from ..targets import Target, load
+from ..loading.tokenizer import StreamDecoder, Tokenizer
 
 _MIN_PLAIN_TOKENS = 16  # a plain turn shorter than this gives no usable rate
 _MEASURE_PROMPT = [{"role": "user", "content": "Write two sentences about the sea."}]

@@ -12,16 +12,16 @@ Weight names follow the Hugging Face layout, so mlx-lm and HF model directories 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache import KVCache
 from ..errors import UnsupportedModelError
-from .ops import attend, on_cpu, prepare, silu
+from ..kernels.activations import silu
+from ..kernels.attention import attend, prepare
+from ..kernels.fused_block import FusedBlock, rope
 
 FAMILY = ("llama", "mistral", "qwen2")
 
@@ -91,15 +91,6 @@ def _llama3_freqs(args: ModelArgs, s: dict) -> mx.array:
     return mx.where(in_mid, mid, freqs)
 
 
-def _rope(x: mx.array, positions, dims: int, **kw) -> mx.array:
-    """RoPE for a chain (int or scalar offset) or a tree (one position per token)."""
-    if isinstance(positions, int) or positions.ndim == 0:
-        return mx.fast.rope(x, dims, offset=positions, **kw)
-    # (1, H, N, D) -> (N, H, 1, D): one rope offset per batch element = per tree node
-    y = mx.fast.rope(x.transpose(2, 1, 0, 3), dims, offset=positions, **kw)
-    return y.transpose(2, 1, 0, 3)
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -116,7 +107,7 @@ class Attention(nn.Module):
 
     def rope(self, x: mx.array, positions) -> mx.array:
         kw = dict(traditional=self.traditional, base=self.base, scale=self.rope_scale, freqs=self._freqs)
-        return _rope(x, positions, self.d, **kw)
+        return rope(x, positions, self.d, **kw)
 
     def __call__(self, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         B, N, _ = x.shape
@@ -148,7 +139,7 @@ class Block(nn.Module):
         self.mlp = MLP(args)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self._fused: _FusedBlock | None = None
+        self._fused: FusedBlock | None = None
 
     def __call__(self, x, positions, mask, cache, layer):
         if self._fused is not None and self._fused.current(self):
@@ -163,124 +154,8 @@ class Block(nn.Module):
         (each output element is the same dot product); what changes is 4 matmuls per block
         instead of 7 and, on small inputs, one compiled function on each side of attention.
         """
-        self._fused = _FusedBlock.build(self)
+        self._fused = FusedBlock.build(self)
         return self._fused is not None
-
-
-# Forwards over at most this many tokens (decode steps, draft trees) run compiled; longer ones
-# (prefill chunks, whose lengths vary) run the same functions uncompiled rather than trace anew.
-COMPILE_MAX_TOKENS = 64
-
-
-def _compile_wanted() -> bool:
-    # On the CPU backend MLX builds fused kernels with the system C++ compiler (cached under
-    # /tmp/mlx); where none is found it evaluates the compiled graph unfused (checked with
-    # MLX 0.32.4 and no compiler on PATH), so nothing here depends on one.
-    return os.environ.get("EDGESPEC_COMPILE", "1") != "0"
-
-
-class _FusedBlock:
-    """One block's fused weights and the two functions around attention that use them.
-
-    ``pre``: input norm, one q|k|v matmul, split, RoPE. ``post``: o_proj, residual, norm, one
-    gate|up matmul, SiLU, down_proj, residual. Attention and the cache write stay outside,
-    since their shapes change with the context length every step. The q/k/v and gate/up
-    modules keep views into the fused arrays, so there is one copy of every weight, and
-    ``current`` notices when something has replaced a module's weight since (the fused copy is
-    then stale and the block falls back to the module path).
-    """
-
-    def __init__(self, block: Block, weights: dict[str, mx.array], views: list[mx.array]):
-        a = block.self_attn
-        self.w = weights
-        self.views = views
-        self.scale = a.scale
-        self.key = (a.h, a.kv, a.d, block.input_layernorm.eps, a.traditional, a.base, a.rope_scale,
-                    a._freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
-                    block.mlp.gate_proj.weight.shape[0])
-        self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv") if n in weights]
-        if a._freqs is not None:
-            self.pre_args.append(a._freqs)
-        self.post_args = [weights[n] for n in ("wo", "n2", "wgu", "wd", "bgu", "bd") if n in weights]
-
-    @classmethod
-    def build(cls, block: Block) -> _FusedBlock | None:
-        a, m = block.self_attn, block.mlp
-        qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
-        if any(type(lin) is not nn.Linear for lin in (*qkv, *gu, a.o_proj, m.down_proj)):
-            return None  # quantized (or otherwise custom) layers keep the module path
-        if not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
-            return None
-        w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
-             "wqkv": mx.concatenate([lin.weight for lin in qkv]), "wo": a.o_proj.weight,
-             "wgu": mx.concatenate([lin.weight for lin in gu]), "wd": m.down_proj.weight}
-        if "bias" in a.q_proj:
-            w["bqkv"] = mx.concatenate([lin.bias for lin in qkv])
-        if "bias" in m.gate_proj:
-            w["bgu"] = mx.concatenate([lin.bias for lin in gu])
-        if "bias" in m.down_proj:
-            w["bd"] = m.down_proj.bias
-        mx.eval(w)
-        views = []
-        for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
-            start = 0
-            for lin in mods:
-                n = lin.weight.shape[0]
-                lin.weight = fused[start : start + n]
-                start += n
-                views.append(lin.weight)
-        mx.eval(views)
-        return cls(block, w, views)
-
-    def current(self, block: Block) -> bool:
-        a, m = block.self_attn, block.mlp
-        mods = (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)
-        return all(lin.weight is v for lin, v in zip(mods, self.views))
-
-    def __call__(self, block: Block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
-        positions, mask = prepare(positions, mask)
-        compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
-        pre, post = _block_functions(self.key, compiled, on_cpu())
-        q, k, v = pre(x, positions, *self.pre_args)
-        k, v = cache.write(layer, k, v)
-        return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
-
-
-@lru_cache(maxsize=None)
-def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attention choice
-    h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, inter = key
-    nq, nk = h * d, kv * d
-
-    def pre(x, positions, n1, wqkv, *rest):
-        rest = list(rest)
-        B, N, _ = x.shape
-        y = mx.fast.rms_norm(x, n1, eps) @ wqkv.T
-        if bqkv:
-            y = y + rest.pop(0)
-        freqs = rest.pop(0) if has_freqs else None
-        q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
-        q = q.reshape(B, N, h, d).transpose(0, 2, 1, 3)
-        k = k.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
-        v = v.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
-        kw = dict(traditional=traditional, base=base, scale=rope_scale, freqs=freqs)
-        return _rope(q, positions, d, **kw), _rope(k, positions, d, **kw), v
-
-    def post(x, attn, wo, n2, wgu, wd, *rest):
-        rest = list(rest)
-        B, N, _ = x.shape
-        hdn = x + attn.transpose(0, 2, 1, 3).reshape(B, N, -1) @ wo.T
-        g = mx.fast.rms_norm(hdn, n2, eps) @ wgu.T
-        if bgu:
-            g = g + rest.pop(0)
-        gate, up = mx.split(g, [inter], axis=-1)
-        y = (silu(gate) * up) @ wd.T
-        if bd:
-            y = y + rest.pop(0)
-        return hdn + y
-
-    if compiled:
-        return mx.compile(pre), mx.compile(post)
-    return pre, post
 
 
 class LlamaModel(nn.Module):

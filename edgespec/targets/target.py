@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from ..cache import KVCache
 from ..errors import ModelLoadError, UnsupportedModelError
-from ..tokenizer import Tokenizer
+from ..loading.tokenizer import Tokenizer
 from ..tree import LayerReuse
 from .llama import Model, ModelArgs
 

@@ -1,6 +1,6 @@
-"""Convert a llama-architecture GGUF file into an edgespec model directory (HF / mlx-lm layout).
+"""GGUF tensors -> HF-named MLX arrays (the weights half of the GGUF conversion; see ``convert.py``).
 
-Contract: :func:`convert_gguf` writes ``config.json`` (HF llama keys), ``model.safetensors`` (HF
+:func:`~edgespec.loading.gguf.convert.convert_gguf` writes ``config.json`` (HF llama keys), ``model.safetensors`` (HF
 tensor names), ``tokenizer.json``, ``tokenizer_config.json`` and ``generation_config.json`` into a
 temporary sibling directory and renames it into place, so an interrupted conversion never leaves a
 half-written model directory. Every failure is a typed error naming the file: a corrupt or truncated
@@ -32,23 +32,17 @@ HF order (rows of weight, scales and biases alike), so the output uses HF's half
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-import tokenizers
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, quants
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from .errors import ModelLoadError, TokenizerError, UnsupportedModelError
+from ...errors import ModelLoadError, UnsupportedModelError
 
 CONVERTER_VERSION = 1
 """Bump when the output of :func:`convert_gguf` changes; hub.py keys its cache on it."""
@@ -225,172 +219,3 @@ def _check_complete(weights: dict, config: dict, path: Path) -> None:
     if missing:
         raise ModelLoadError(f"{path}: tensors missing for {len(missing)} weights, "
                              f"e.g. {', '.join(missing[:3])}")
-
-
-def _write_atomically(out: Path, weights: dict, files: dict[str, object]) -> None:
-    """Write into a temporary sibling of ``out`` and rename it into place."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-        for name, content in files.items():
-            text = content if isinstance(content, str) else json.dumps(content, indent=2,
-                                                                        ensure_ascii=False)
-            (tmp / name).write_text(text, encoding="utf-8")
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model directory is ordinary data
-        if out.is_dir():
-            out.rmdir()  # empty (checked by the caller); a rename cannot replace a directory
-        os.rename(tmp, out)
-    except OSError as e:  # disk full, or another process created ``out`` first
-        raise ModelLoadError(f"cannot write the model directory {out}: {e}") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = True) -> Path:
-    """Convert the llama GGUF file ``gguf_path`` into the new model directory ``out_dir``.
-
-    ``out_dir`` must not exist or be empty. Returns ``out_dir``. See the module docstring for the
-    tensor types, the quantization config and the errors raised.
-    """
-    path, out = Path(gguf_path).expanduser(), Path(out_dir).expanduser()
-    if not path.is_file():
-        raise ModelLoadError(f"no such GGUF file: {path}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ModelLoadError(f"output directory {out} already exists and is not empty; "
-                             "remove it or choose another")
-    reader, meta = read_metadata(path)
-    _check_supported(reader, meta, path)
-    config = hf_config(meta, {t.name for t in reader.tensors}, path)
-    files = tokenizer_files(meta, path)
-    weights, quantization = convert_tensors(reader, config, path, progress)
-    if quantization:
-        config["quantization"] = quantization
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out, weights, {"config.json": config, **files})
-    return out
-
-
-# -- the tokenizer, rebuilt from the tokenizer.ggml.* metadata ---------------------------------
-
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_REGEXES = {
-    "gpt-2": (_GPT2_RE,),
-    "smollm": (r"\p{N}", _GPT2_RE),  # = HF's Digits(individual_digits) + ByteLevel(use_regex)
-    "llama-bpe": (_LLAMA3_RE,),
-    "qwen2": (_LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}"),),
-    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"),
-}
-"""llama.cpp's pre-tokenizer splits by ``tokenizer.ggml.pre`` (llama-vocab.cpp): each regex splits
-the pieces of the previous one, matches and gaps kept (HF ``Split(..., "isolated")``)."""
-_PRE_ALIASES = {"gpt2": "gpt-2", "starcoder": "smollm", "refact": "smollm", "codeshell": "smollm",
-                "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
-_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-
-
-def _byte_level_bpe(meta: dict, tokens: list[str], vocab: dict, path: Path) -> tokenizers.Tokenizer:
-    """GPT-2 style byte-level BPE (``tokenizer.ggml.model == "gpt2"``)."""
-    pre = meta.get("tokenizer.ggml.pre") or "default"
-    regexes = PRE_TOKENIZER_REGEXES.get(_PRE_ALIASES.get(pre, pre))
-    if regexes is None:
-        raise TokenizerError(f"{path}: pre-tokenizer {pre!r} is not supported; supported: "
-                             f"{', '.join([*PRE_TOKENIZER_REGEXES, *_PRE_ALIASES])}")
-    merges = []
-    for merge in meta.get("tokenizer.ggml.merges") or ():
-        cut = merge.find(" ", 1)  # as llama.cpp: the first space after the first character
-        if cut < 0:
-            raise TokenizerError(f"{path}: malformed merge {merge!r} in tokenizer.ggml.merges")
-        merges.append((merge[:cut], merge[cut + 1:]))
-    if not merges:
-        raise TokenizerError(f"{path}: byte-level BPE vocabulary without tokenizer.ggml.merges")
-    tok = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=regexes == (_LLAMA3_RE,)))
-    splits = [pre_tokenizers.Split(tokenizers.Regex(r), "isolated") for r in regexes]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def _sentencepiece_bpe(meta: dict, tokens: list[str], vocab: dict, path: Path) -> tokenizers.Tokenizer:
-    """SentencePiece BPE (``tokenizer.ggml.model == "llama"``) as HF's legacy Llama tokenizer.json.
-
-    SentencePiece merges the pair whose merged piece scores highest; the equivalent BPE merge list
-    ranks every split of every piece into two vocabulary pieces by the merged piece's score.
-    """
-    scores = meta.get("tokenizer.ggml.scores")
-    if not scores or len(scores) != len(tokens):
-        raise TokenizerError(f"{path}: SentencePiece vocabulary without tokenizer.ggml.scores")
-    ranked = sorted((-scores[i], vocab[piece[:k]], vocab[piece[k:]], piece[:k], piece[k:])
-                    for i, piece in enumerate(tokens) for k in range(1, len(piece))
-                    if piece[:k] in vocab and piece[k:] in vocab)
-    unk = meta.get("tokenizer.ggml.unknown_token_id")
-    tok = tokenizers.Tokenizer(models.BPE(
-        vocab, [(left, right) for *_, left, right in ranked], fuse_unk=True, byte_fallback=True,
-        unk_token=tokens[unk] if unk is not None else None))
-    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    tok.normalizer = normalizers.Sequence(
-        ([normalizers.Prepend("▁")] if prefix else []) + [normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-    return tok
-
-
-def _post_processor(tok: tokenizers.Tokenizer, bos: str | None, eos: str | None,
-                    add_bos: bool, add_eos: bool):
-    """Template adding BOS/EOS when the file asks for them; otherwise ByteLevel, which only fixes
-    offsets (HF's choice for byte-level BPE, harmless for SentencePiece)."""
-    first = [bos] if add_bos and bos else []
-    last = [eos] if add_eos and eos else []
-    if not first and not last:
-        return processors.ByteLevel(trim_offsets=False)
-    return processors.TemplateProcessing(
-        single=[*first, "$A", *last], pair=[*first, "$A", *last, *first, "$B:1", *last],
-        special_tokens=[(t, tok.token_to_id(t)) for t in {*first, *last}])
-
-
-def build_tokenizer(meta: dict, path: Path) -> tokenizers.Tokenizer:
-    """The HF tokenizer of the GGUF vocabulary: model, pre-tokenizer, decoder, added tokens."""
-    kind, tokens = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.tokens")
-    builders = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
-    if kind not in builders or not tokens:
-        raise TokenizerError(
-            f"{path}: cannot rebuild the tokenizer: tokenizer.ggml.model is {kind!r} with "
-            f"{len(tokens or ())} tokens; supported vocabularies: {', '.join(builders)}")
-    vocab = {token: i for i, token in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        dup = next(t for t, n in Counter(tokens).items() if n > 1)
-        raise TokenizerError(f"{path}: token {dup!r} occurs twice in tokenizer.ggml.tokens")
-    tok = builders[kind](meta, tokens, vocab, path)
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == _CONTROL])
-    tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False)
-                    for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
-    return tok
-
-
-def tokenizer_files(meta: dict, path: Path) -> dict[str, object]:
-    """``tokenizer.json`` (text), ``tokenizer_config.json`` and ``generation_config.json``."""
-    tok = build_tokenizer(meta, path)
-    tokens = meta["tokenizer.ggml.tokens"]
-    ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in
-           ("bos", "eos", "unknown", "padding", "eot", "eom")}
-    name = {k: tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-            for k, i in ids.items()}
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama"))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    tok.post_processor = _post_processor(tok, name["bos"], name["eos"], add_bos, add_eos)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add_bos,
-              "add_eos_token": add_eos, "bos_token": name["bos"], "eos_token": name["eos"],
-              "unk_token": name["unknown"], "pad_token": name["padding"],
-              "clean_up_tokenization_spaces": False}
-    if meta.get("tokenizer.chat_template"):
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    eos_ids = sorted({ids[k] for k in ("eos", "eot", "eom") if name[k] is not None})
-    generation = {"bos_token_id": ids["bos"] if name["bos"] else None,
-                  "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
-    return {"tokenizer.json": tok.to_str(), "tokenizer_config.json": config,
-            "generation_config.json": generation}

@@ -1,4 +1,4 @@
-"""Attention and activation ops the decoder runs, chosen per backend.
+"""Softmax attention (and the normalisation of a forward's positions and mask), per backend.
 
 On Metal and CUDA, ``mx.fast.scaled_dot_product_attention`` and ``nn.silu`` are fused kernels
 and are used as they are. On the CPU backend both end in MLX's elementwise ``exp``/``sigmoid``,
@@ -14,12 +14,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
-
-def on_cpu() -> bool:
-    return mx.default_device() == mx.cpu
+from .backend import on_cpu
 
 
 def prepare(positions, mask):
@@ -52,9 +49,3 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array |
     e = mx.power(math.e, scores - scores.max(axis=-1, keepdims=True))
     p = (e / e.sum(axis=-1, keepdims=True)).astype(v.dtype).reshape(B, kv, rep * N, T)
     return (p @ v).reshape(B, H, N, v.shape[-1])
-
-
-def silu(x: mx.array) -> mx.array:
-    if not on_cpu():
-        return nn.silu(x)
-    return x / (1 + mx.power(math.e, -x))

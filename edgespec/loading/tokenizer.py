@@ -29,7 +29,7 @@ import jinja2.ext
 import jinja2.sandbox
 import tokenizers
 
-from .errors import ConfigError, TokenizerError
+from ..errors import ConfigError, TokenizerError
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -7,7 +7,7 @@ from .target import Target, TargetOutput, load_target
 
 def load(ref: str, dtype: str | None = None, progress: bool = True) -> Target:
     """Load a model: a Hugging Face repo id, a local model directory, a .gguf file, or "demo"."""
-    from ..hub import resolve_model
+    from ..loading.hub import resolve_model
 
     return load_target(resolve_model(ref, progress=progress), dtype=dtype)
 

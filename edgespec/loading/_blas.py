@@ -30,7 +30,7 @@ import struct
 import sys
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 CHOICES = ("off", "mkl", "openblas")
 
