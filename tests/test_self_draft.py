@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from edgespec import Engine, SamplingConfig
-from edgespec.drafters.self_draft import (
-    EarlyExitDrafter, LayerSkipDrafter, LayerSubset, calibrate_exit_layer, calibration_ids, choose_best,
-    expected_speedup, search_layer_subset, simulate_tau,
+from edgespec.drafters.calibrate import (
+    calibrate_exit_layer, calibration_ids, choose_best, expected_speedup, search_layer_subset, simulate_tau,
 )
+from edgespec.drafters.early_exit import EarlyExitDrafter
+from edgespec.drafters.layer_skip import LayerSkipDrafter
+from edgespec.drafters.layer_subset import LayerSubset
 from edgespec.errors import ConfigError
 from edgespec.targets import load_target
 from edgespec.tree import chain_mask

@@ -76,26 +76,19 @@ def _draft_model(spec: SpecConfig, target: Target, draft: Target | None) -> Targ
     return draft
 
 
-_CALIBRATIONS: dict = {}  # (id(target), method, num_draft) -> CalibrationResult
-
-
 def _self_draft(spec: SpecConfig, target: Target, sampling: SamplingConfig) -> Drafter | None:
     """Early-exit / layer-skip self-draft; the layers come from a (memoized) calibration run
     unless given, and a calibration that finds no speedup means plain decoding (with a warning)."""
     import warnings
 
-    from .self_draft import (EarlyExitDrafter, LayerSkipDrafter, calibrate_exit_layer,
-                             calibration_ids, search_layer_subset)
+    from .calibrate import calibrated
+    from .early_exit import EarlyExitDrafter
+    from .layer_skip import LayerSkipDrafter
 
     if spec.method == "early-exit" and spec.exit_layer is not None:
         return EarlyExitDrafter(target, sampling, spec.exit_layer, spec.num_draft,
                                 spec.max_draft, spec.adaptive)
-    key = (id(target), spec.method, spec.num_draft)
-    if key not in _CALIBRATIONS:
-        ids = calibration_ids(target)
-        search = calibrate_exit_layer if spec.method == "early-exit" else search_layer_subset
-        _CALIBRATIONS[key] = search(target, ids, num_draft=spec.num_draft)
-    cal = _CALIBRATIONS[key]
+    cal = calibrated(target, spec.method, spec.num_draft)
     if cal.best is None:
         warnings.warn(f"{spec.method}: {cal.reason}; decoding without speculation", stacklevel=3)
         return None

@@ -1,37 +1,17 @@
-"""Self-drafting: the target drafts for itself through a subset of its own layers (lossless).
+"""Calibration of the self-drafts: which layers to draft through, or that none pays.
 
-Both methods are the draft-model drafter (``draft_model.py``) driven by :class:`LayerSubset`,
-an adapter that runs the target's own weights (no copy) through some of its layers, then its
-final norm and LM head:
-
-- **early exit** (LayerSkip-style): the first E layers. ``calibrate_exit_layer`` picks E;
-- **layer skip** (Draft & Verify-style): a subset with middle layers skipped, found by
-  ``search_layer_subset``; the chain ends early once the draft's top probability falls under
-  ``confidence`` (whether a node gets a child depends only on its prefix, so this stays lossless).
-
-The engine verifies every draft, so the output is the target's (greedy) or distributed as the
-target's (sampling) whatever the subset; a bad subset costs only speed. Calibration therefore
-says when no subset beats plain decoding (``best is None`` with a ``reason``): the caller should
-then decode plainly. On the demo model that is the usual outcome (first 12 of 30 layers: 6% of
-drafts accepted).
-
-The drafter's KV cache is its own and has one slot per layer it runs (slot j holds layer
-``layers[j]``): a KVCache with slots for layers that are never run cannot compact its sliding
-window (``KVCache._compact`` slices every slot).
-
-KV reuse (early exit only): under the engine, ``EarlyExitDrafter`` drafts inside the target's
-own cache (``share_cache``). Layers < E of a token are the same computation for draft and
-target, so the draft writes their keys/values into the target cache's scratch slots, feeds
-every node (the last draft too) and hands the verifier the hidden state entering layer E in
-``tree.reuse``; ``Target.forward`` then runs layers E..L-1 only and ``commit(path)`` keeps the
-accepted nodes' slots in every layer. That saves E/L of each verification, the draft's own
-prefill and its KV cache. Layer skip cannot do this: a layer after a skipped one sees a
-different input than in the target.
+The engine verifies every draft, so any subset is lossless and a bad one costs only speed.
+Calibration greedy-decodes a short chat with the target, measures each candidate's exact greedy
+acceptance (``simulate_tau``) and its measured step costs, and returns the best candidate by
+expected tokens/s, or ``best=None`` with a ``reason`` when none beats plain decoding by a margin
+(the caller then decodes plainly). On the demo model that is the usual outcome (first 12 of 30
+layers: 6% of drafts accepted).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,162 +19,11 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import KVCache
-from ..config import SamplingConfig
 from ..errors import ConfigError
 from ..kernels.attention import prepare
-from ..targets.target import Target, TargetOutput
-from ..tree import DraftTree, LayerReuse, chain_mask
-from ..verify import Accepted
-from .draft_model import DraftModelDrafter
-
-
-class LayerSubset:
-    """The target's weights through ``layers`` (increasing ids), then final norm + LM head.
-
-    Offers what DraftModelDrafter uses of a Target: ``forward``, ``make_cache`` and ``name``.
-    """
-
-    def __init__(self, target: Target, layers: Sequence[int]):
-        layers, L = list(layers), target.num_layers
-        if not layers or layers != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < L:
-            raise ConfigError(f"layers must be distinct increasing layer ids in [0, {L}) "
-                              f"({target.name} has {L} layers), got {layers!r}")
-        self.target, self.layers = target, layers
-
-    @property
-    def name(self) -> str:
-        return f"{self.target.name}[{len(self.layers)} of {self.target.num_layers} layers]"
-
-    def make_cache(self) -> KVCache:
-        return KVCache(len(self.layers), window=self.target.args.sliding_window)
-
-    def forward(self, tokens, positions, mask, cache: KVCache) -> TargetOutput:
-        """Like ``Target.forward``; ``cache`` comes from ``make_cache`` (slot j = ``layers[j]``)."""
-        tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-        positions, mask = prepare(positions, mask)  # once, not in every layer
-        cache.reserve(tokens.shape[0])
-        model = self.target.model
-        x = model.model.embed_tokens(tokens[None])
-        for j, i in enumerate(self.layers):
-            x = model.model.layers[i](x, positions, mask, cache, j)
-        return TargetOutput(model.logits(x[0]), x[0])
-
-
-class _SelfDrafter(DraftModelDrafter):
-    """DraftModelDrafter over a LayerSubset; optionally ends the chain on low confidence."""
-
-    def __init__(self, target: Target, layers: Sequence[int], sampling: SamplingConfig,
-                 num_draft: int, max_draft: int, adaptive: bool, confidence: float = 0.0):
-        if not 0.0 <= confidence < 1.0:
-            raise ConfigError(f"confidence must be in [0, 1) (0 = off), got {confidence!r}")
-        super().__init__(LayerSubset(target, layers), sampling, num_draft, max_draft, adaptive,
-                         vocab_size=target.args.vocab_size)
-        self.layers = self.draft.layers
-        self.confidence = confidence
-
-    def _longest(self) -> int:
-        return self.length.maximum if self.confidence else self.length.k  # confidence decides
-
-    def _stop_after(self, logits: mx.array) -> bool:
-        return bool(self.confidence) and _top_prob(logits) < self.confidence
-
-
-def _top_prob(logits: mx.array) -> float:
-    return float(mx.max(mx.softmax(logits.astype(mx.float32))).item())
-
-
-class EarlyExitDrafter(_SelfDrafter):
-    """Drafts with the target's first ``exit_layer`` layers + final norm + head (LayerSkip)."""
-
-    name = "early-exit"
-
-    def __init__(self, target: Target, sampling: SamplingConfig, exit_layer: int,
-                 num_draft: int = 4, max_draft: int = 12, adaptive: bool = True):
-        L = target.num_layers
-        if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer <= L:
-            raise ConfigError(f"exit_layer must be an integer in [1, {L}] "
-                              f"({target.name} has {L} layers), got {exit_layer!r}")
-        super().__init__(target, range(exit_layer), sampling, num_draft, max_draft, adaptive)
-        self.exit_layer = exit_layer
-        self.target = target
-        self.shared: KVCache | None = None
-
-    def share_cache(self, cache: KVCache) -> None:
-        """Draft inside the target's own cache (the engine calls this before ``prefill``).
-
-        The first E layers of a token are the same computation for draft and target, so the
-        draft writes their keys/values straight into the target cache's scratch slots and hands
-        the verifier the hidden state entering layer E (``tree.reuse``); verification then runs
-        layers E..L-1 only. Nothing is prefilled for the draft (the target's prefill already
-        holds layers < E), and the draft keeps no cache of its own.
-        """
-        self.shared = cache
-
-    def prefill(self, tokens: list[int], target_out: TargetOutput | None,
-                sampling: SamplingConfig | None = None) -> None:
-        if self.shared is None:
-            return super().prefill(tokens, target_out, sampling)
-        self._start(tokens, sampling)
-
-    def _lower(self, token: int) -> mx.array:
-        """Run ``token`` through layers < E in the shared cache, committing its slot (the caller
-        trims). Returns the hidden state entering layer E, shape (1, H)."""
-        cache = self.shared
-        cache.reserve(1)
-        mask = chain_mask(1, cache.key_positions(), cache.offset, cache.window)
-        x = self.target.model(mx.array([[token]]), cache.offset, mask, cache,
-                              layers=range(self.exit_layer))
-        cache.commit()
-        return x[0]
-
-    def propose(self, budget: int) -> DraftTree:
-        if self.shared is None:
-            return super().propose(budget)
-        k, root = min(self._longest(), budget), self.history[-1]
-        if k <= 0:
-            return DraftTree.chain(root, [])
-        cache = self.shared
-        cache.reserve(k + 1)  # a sliding window compacts now, not after the slots are filled
-        hidden, drafts, qs, token, stop = [], [], [], root, False
-        while True:  # every node is fed once (the last draft too: the verifier needs it)
-            hidden.append(self._lower(token))
-            if len(drafts) == k or stop:
-                break
-            logits = self.target.model.logits(hidden[-1])[0]
-            token, q = self._choose(logits)
-            drafts.append(token)
-            qs.append(q)
-            stop = self._stop_after(logits)
-        cache.trim(len(hidden))  # back to the committed history; the slots keep their values
-        q_rows = None if self.sampling.greedy else np.stack(qs + [np.zeros_like(qs[0])])
-        tree = DraftTree.chain(root, drafts, q_rows)
-        tree.reuse = LayerReuse(self.exit_layer, mx.concatenate(hidden, axis=0))
-        return tree
-
-    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
-        if self.shared is None:
-            return super().update(accepted, tree, target_out)
-        self.history.extend(accepted.tokens)
-        self.length.observe(tree.num_drafted, accepted.num_accepted)
-
-
-class LayerSkipDrafter(_SelfDrafter):
-    """Drafts through ``layers`` of the target (Draft & Verify).
-
-    With ``confidence`` > 0 the chain runs up to ``max_draft`` tokens and ends after the first
-    draft whose top probability is under ``confidence``; with 0 it is ``num_draft`` long
-    (adaptive when ``adaptive``).
-    """
-
-    name = "layer-skip"
-
-    def __init__(self, target: Target, sampling: SamplingConfig, layers: Sequence[int],
-                 num_draft: int = 4, max_draft: int = 12, confidence: float = 0.6,
-                 adaptive: bool = True):
-        super().__init__(target, layers, sampling, num_draft, max_draft, adaptive, confidence)
-
-
-# ---- calibration -------------------------------------------------------------------------
+from ..targets.target import Target
+from ..tree import chain_mask
+from .layer_subset import LayerSubset
 
 
 @dataclass
@@ -388,3 +217,16 @@ def search_layer_subset(target: Target, prompt_ids: list[int], num_draft: int = 
         best_speedup = max(best_speedup, row["speedup"])
     best, reason = choose_best(table, "layers", min_speedup)
     return CalibrationResult(best, table, reason)
+
+
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(method, k): result}
+
+
+def calibrated(target: Target, method: str, num_draft: int) -> CalibrationResult:
+    """The calibration of ``method`` ('early-exit' or 'layer-skip') on ``target``, run once per
+    target and draft length (the server and the chat build a drafter per request)."""
+    memo = _MEMO.setdefault(target, {})
+    if (method, num_draft) not in memo:
+        search = calibrate_exit_layer if method == "early-exit" else search_layer_subset
+        memo[method, num_draft] = search(target, calibration_ids(target), num_draft=num_draft)
+    return memo[method, num_draft]
