@@ -63,8 +63,8 @@ class KVCache:
         if drop <= 0:
             return
         for i in range(self.num_layers):
-            self.keys[i] = self.keys[i][:, :, drop : self.length, :]
-            self.values[i] = self.values[i][:, :, drop : self.length, :]
+            self.keys[i] = self.keys[i][:, :, drop:, :]  # scratch slots too (see LowerLayers)
+            self.values[i] = self.values[i][:, :, drop:, :]
         self.start += drop
         self.length = keep
 

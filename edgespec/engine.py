@@ -5,11 +5,11 @@ produce (greedy) or are distributed exactly as it (sampling) — the drafter onl
 target forwards it takes. The engine owns the target's KV cache; drafters own theirs. Plain
 decoding is the same loop with a one-node tree, so the baseline shares every code path.
 
-Phases of one step (named closures in ``Engine.stream``):
+Phases of one step (named closures in ``Engine._decode``):
   1. ``propose``  drafter -> DraftTree (root = last committed token, not yet in the cache)
-  2. ``score``    one target forward over all tree nodes (positions = offset + depth,
-                  ancestors-only mask) -> logits per node
-  3. ``accept``   a lossless rule picks the accepted path and the bonus token
+  2. ``score``    ``Target.score``: one target forward over all tree nodes -> logits per node
+                  (only the upper layers when the drafter ran the lower ones: ``LowerLayers``)
+  3. ``accept``   ``verify.accept``: a lossless rule picks the accepted path and the bonus token
   4. ``commit``   the cache keeps the accepted path; the drafter learns the outcome
   5. ``emit``     new tokens -> text delta, stop conditions, a Step event
 """
@@ -21,16 +21,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
-import numpy as np
 
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
 from .errors import CacheRollbackError, ConfigError, ContextOverflowError
+from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
-from .sampling import make_rng, probs
+from .sampling import make_rng
 from .stream_text import TextStream
-from .tree import DraftTree, attention_mask, chain_mask
-from .verify import Accepted, verify_greedy, verify_sampling
+from .tree import DraftTree
+from .verify import Accepted, accept
 
 _PREFILL_CHUNK = 512
 
@@ -168,37 +168,33 @@ class Engine:
         text = TextStream(self.target.tokenizer, gen.stop)
         mx.reset_peak_memory()
 
+        lower = None
+        if drafter is not None and drafter.lower_layers:  # it drafts through the target's layers
+            lower = LowerLayers(target, cache, drafter.lower_layers)
+
         def prefill() -> None:
             for a in range(start, len(ids) - 1, _PREFILL_CHUNK):
-                chunk = ids[a : min(a + _PREFILL_CHUNK, len(ids) - 1)]
-                cache.reserve(len(chunk))
-                mask = chain_mask(len(chunk), cache.key_positions(), cache.offset, cache.window)
-                target.forward(chunk, cache.offset, mask, cache)
+                target.score(ids[a : min(a + _PREFILL_CHUNK, len(ids) - 1)], cache, head=False)
                 cache.commit()
                 mx.eval(cache.state())
             if drafter is not None:
-                if hasattr(drafter, "share_cache"):  # early exit: drafts in the target's cache
-                    drafter.share_cache(cache)
+                if drafter.lower_layers:
+                    drafter.use_lower_layers(lower)
                 drafter.prefill(ids, None, cfg)
 
         def propose(root: int, budget: int) -> DraftTree:
             if drafter is None or budget <= 0:
                 return DraftTree.chain(root, [])
+            if lower is not None:
+                lower.begin(budget + 1)
             tree = drafter.propose(budget)
             assert tree.tokens[0] == root, "drafter proposed a tree with the wrong root"
             return tree
 
         def score(tree: DraftTree) -> TargetOutput:
-            cache.reserve(len(tree))  # may drop old window entries: before the mask is built
-            positions = cache.offset if tree.is_chain else cache.offset + tree.depths()
-            mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
-            return target.forward(tree.tokens, positions, mask, cache, reuse=tree.reuse)
-
-        def accept(tree: DraftTree, out: TargetOutput) -> Accepted:
-            if cfg.greedy:
-                return verify_greedy(tree, np.array(mx.argmax(out.logits, axis=-1)))
-            p = probs(np.array(out.logits.astype(mx.float32)), cfg)
-            return verify_sampling(tree, p, rng)
+            if lower is not None and lower.fed:
+                return lower.score(tree)  # the drafter ran the lower layers: the rest only
+            return target.score(tree, cache)
 
         t0 = time.perf_counter()
         prefill()
@@ -211,7 +207,7 @@ class Engine:
             tree = propose(root, max_new - done - 1)
             t2 = time.perf_counter()
             out = score(tree)
-            acc = accept(tree, out)
+            acc, _ = accept(tree, out.logits, cfg, rng)
             t3 = time.perf_counter()
             cache.commit(acc.path)
             if drafter is not None:

@@ -9,9 +9,6 @@ everything the cache needs to keep the accepted path is derived here from ``pare
 ``q`` is optional: row ``u`` of ``q`` (shape ``(N, V)``) is the distribution the drafter sampled
 ``u``'s children from. Deterministic drafters (prompt lookup, greedy drafts) leave it ``None``;
 the verifier then treats each child as a one-hot proposal, which is still lossless.
-
-``reuse`` is optional too: an early-exit drafter, which ran the target's own first layers over
-the nodes, says so with a :class:`LayerReuse` and verification skips those layers.
 """
 
 from __future__ import annotations
@@ -22,26 +19,11 @@ import numpy as np
 
 
 @dataclass
-class LayerReuse:
-    """What a drafter that ran the target's own first ``layers`` layers hands the verifier.
-
-    Promise: the target cache's scratch slots ``[length, length + N)`` already hold, for every
-    layer below ``layers``, the keys/values of the tree's N nodes in node order, and ``hidden``
-    (N, H) is the hidden state entering layer ``layers`` for each node. Verification then runs
-    only the layers from ``layers`` on.
-    """
-
-    layers: int
-    hidden: object  # mx.array (N, H); typed loosely to keep this module free of mlx
-
-
-@dataclass
 class DraftTree:
     tokens: list[int]
     parents: list[int]
     q: np.ndarray | None = None  # (N, V) float; row u = distribution of u's children
     source: list[str] | None = None  # per node: which drafter proposed it (for merged trees)
-    reuse: LayerReuse | None = None  # early exit: lower layers already computed (see above)
     _children: list[list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

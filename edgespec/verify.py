@@ -13,15 +13,20 @@ the committed tokens (accepted drafts followed by one token chosen by the target
   ``q``). A deterministic child (no ``q``) is a one-hot proposal: accepted with probability
   ``p(x)``, and on rejection ``p <- norm(p with x removed)``. Either way every committed token is
   distributed exactly as the target's (filtered) distribution.
+
+:func:`accept` applies the rule a :class:`SamplingConfig` calls for to a forward's logits; the
+engine and the cascade's inner step both verify through it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import mlx.core as mx
 import numpy as np
 
-from .sampling import sample
+from .config import SamplingConfig
+from .sampling import probs, sample
 from .tree import DraftTree
 
 
@@ -34,6 +39,21 @@ class Accepted:
     def num_accepted(self) -> int:
         """Drafted tokens the target kept (the bonus token not counted)."""
         return len(self.path) - 1
+
+
+def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.random.Generator,
+           width: int | None = None) -> tuple[Accepted, np.ndarray | None]:
+    """Lossless: ``verify_greedy`` on the argmax (greedy ``cfg``) or ``verify_sampling`` on the
+    filtered distributions of ``logits`` (N, V), padded to ``width`` columns when given.
+
+    Returns the outcome and, when sampling, the distributions ``p`` (N, width or V) it used.
+    """
+    if cfg.greedy:
+        return verify_greedy(tree, np.array(mx.argmax(logits, axis=-1))), None
+    p = probs(np.array(logits.astype(mx.float32)), cfg)
+    if width and p.shape[1] < width:
+        p = np.pad(p, ((0, 0), (0, width - p.shape[1])))
+    return verify_sampling(tree, p, rng), p
 
 
 def verify_greedy(tree: DraftTree, argmax: np.ndarray) -> Accepted:

@@ -16,7 +16,6 @@ import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.core as mx
 
 from edgespec.targets import load
-from edgespec.tree import chain_mask
 
 CONTEXT, SIZES = 128, (1, 2, 4, 8, 16)
 
@@ -31,24 +30,20 @@ def main(ref: str = "demo", rounds: str = "25") -> None:
     target = load(ref, progress=False)
     cache = target.make_cache()
     ids = [(7 * i) % 1000 + 10 for i in range(CONTEXT + 16)]
-    cache.reserve(CONTEXT)
-    target.forward(ids[:CONTEXT], 0, chain_mask(CONTEXT, cache.key_positions(), 0, None), cache)
+    target.score(ids[:CONTEXT], cache, head=False)
     cache.commit()
     mx.eval(cache.state())
     cases = {}
     for n in SIZES:
         toks = mx.array(ids[CONTEXT : CONTEXT + n])
-        mask = chain_mask(n, cache.key_positions(), cache.offset, None)
-        mask = None if mask is None else mx.array(mask)
 
-        def body(toks=toks, mask=mask, n=n):
-            cache.reserve(n)
-            return target.model(toks[None], cache.offset, mask, cache)
+        def body(toks=toks):  # Target.score without the head: mask, positions, layers
+            return target.score(toks, cache, head=False).hidden
 
         hidden = body()
         mx.eval(hidden)
-        cases[n] = {"forward": lambda b=body: target.model.logits(b()), "body": body,
-                    "head": lambda h=hidden: target.model.logits(h)}
+        cases[n] = {"forward": lambda b=body: target.logits(b()), "body": body,
+                    "head": lambda h=hidden: target.logits(h)}
         for fn in cases[n].values():  # warm up (compiles the small-input functions)
             timed(fn)
     times = {(n, part): [] for n in SIZES for part in ("forward", "body", "head")}

@@ -6,6 +6,7 @@ import pytest
 
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
 from edgespec.drafters import AutoDrafter, DraftModelDrafter, PromptLookupDrafter
+from edgespec.drafters.base import Drafter
 from edgespec.targets import load_target
 from edgespec.tree import DraftTree
 
@@ -44,7 +45,7 @@ class Costly:
         return self.inner.propose(budget)
 
 
-class Garbage:
+class Garbage(Drafter):
     name = "garbage"
 
     def reset(self):

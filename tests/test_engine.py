@@ -12,8 +12,9 @@ import pytest
 
 from edgespec import Engine, SamplingConfig
 from edgespec.drafters import DraftModelDrafter
+from edgespec.drafters.base import Drafter
 from edgespec.targets import load_target
-from edgespec.tree import DraftTree, chain_mask
+from edgespec.tree import DraftTree
 
 from .tiny import first_token_check, make_tiny_model
 
@@ -35,16 +36,14 @@ def naive_greedy(target, ids: list[int], n: int) -> list[int]:
     """Greedy decoding by recomputing the full sequence from scratch each step."""
     seq, out = list(ids), []
     for _ in range(n):
-        cache = target.make_cache()
-        mask = chain_mask(len(seq), cache.key_positions(), 0, cache.window)
-        logits = target.forward(seq, 0, mask, cache).logits[-1]
+        logits = target.score(seq, target.make_cache()).logits[-1]
         t = int(mx.argmax(logits).item())
         out.append(t)
         seq.append(t)
     return out
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes trees built by ``make(root, history, budget)``; for adversarial tests."""
 
     name = "scripted"

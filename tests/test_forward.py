@@ -13,7 +13,7 @@ from edgespec.targets import llama
 from edgespec.kernels.attention import attend
 from edgespec.kernels.activations import silu
 from edgespec.kernels.fused_block import COMPILE_MAX_TOKENS
-from edgespec.tree import DraftTree, attention_mask, chain_mask
+from edgespec.tree import DraftTree
 
 from .tiny import make_tiny_model
 
@@ -33,14 +33,11 @@ def pair(request, tmp_path_factory):
 def _logits(target, ids, tree: DraftTree | None = None):
     cache = target.make_cache()
     prefix = ids if tree is None else ids[:-1]
-    cache.reserve(len(prefix))
-    out = target.forward(prefix, 0, chain_mask(len(prefix), cache.key_positions(), 0, cache.window), cache)
+    out = target.score(prefix, cache)
     if tree is None:
         return out.logits
     cache.commit()
-    cache.reserve(len(tree))
-    mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
-    return target.forward(tree.tokens, cache.offset + tree.depths(), mask, cache).logits
+    return target.score(tree, cache).logits
 
 
 @pytest.mark.parametrize("n", [1, 5, COMPILE_MAX_TOKENS + 16])

@@ -18,7 +18,7 @@ from edgespec.drafters.quantized import QuantizedDrafter, make_quantized_draft
 from edgespec.errors import ConfigError
 from edgespec.targets import load_target
 from edgespec.sampling import probs
-from edgespec.tree import chain_mask
+
 
 from .tiny import first_token_check, make_tiny_model
 
@@ -49,13 +49,13 @@ def other(tmp_path_factory):
 
 def count_forwards(monkeypatch, model) -> dict:
     calls = {"n": 0}
-    forward = model.forward
+    score = model.score
 
     def counted(*args, **kwargs):
         calls["n"] += 1
-        return forward(*args, **kwargs)
+        return score(*args, **kwargs)
 
-    monkeypatch.setattr(model, "forward", counted)
+    monkeypatch.setattr(model, "score", counted)
     return calls
 
 
@@ -98,7 +98,7 @@ def test_quantized_draft_is_quantized_and_close(sharp):
 
     def argmax(m):
         cache = m.make_cache()
-        logits = m.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, None), cache).logits
+        logits = m.score(ids, cache).logits
         return np.array(logits).argmax(-1)
 
     assert (argmax(q8) == argmax(sharp)).mean() > 0.6
@@ -198,7 +198,7 @@ def test_cascade_sampled_chain_follows_the_draft(sharp, other):
     draft's filtered distribution), although lookup proposed a fixed token, and q is attached."""
     ids = Engine(sharp).encode(REPEAT)
     cache = other.make_cache()
-    logits = other.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, None), cache).logits[-1]
+    logits = other.score(ids, cache).logits[-1]
     q = probs(np.array(logits)[None], SamplingConfig(**SAMPLING))[0]
     drafter = CascadeDrafter(other, SamplingConfig(**SAMPLING), num_draft=2, max_draft=2,
                              adaptive=False, vocab_size=sharp.args.vocab_size)

@@ -16,7 +16,7 @@ from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.layer_subset import LayerSubset
 from edgespec.errors import ConfigError
 from edgespec.targets import load_target
-from edgespec.tree import chain_mask
+
 
 from .tiny import first_token_check, make_tiny_model
 
@@ -81,7 +81,7 @@ def test_window_rollover_with_skipped_layers(tmp_path):
     want = Engine(target).generate(prompt, max_tokens=12).token_ids
     for d in drafters(target):
         assert Engine(target, d).generate(prompt, max_tokens=12).token_ids == want
-        cache = d.shared if isinstance(d, EarlyExitDrafter) else d.cache
+        cache = d.lower.cache if isinstance(d, EarlyExitDrafter) else d.cache
         assert cache.start > 0  # it did compact
 
 
@@ -131,7 +131,7 @@ def test_confidence_ends_the_chain(target):
         drafts = d.propose(cap).tokens[1:]
         sub = LayerSubset(target, layers)
         seq, c = ids[:n] + drafts, sub.make_cache()
-        logits = sub.forward(seq, 0, chain_mask(len(seq), c.key_positions(), 0, c.window), c).logits
+        logits = sub.score(seq, c).logits
         rows = mx.softmax(logits[n - 1 : n - 1 + len(drafts)], axis=-1)
         assert drafts == np.array(mx.argmax(rows, axis=-1)).tolist()
         top = np.array(mx.max(rows, axis=-1))

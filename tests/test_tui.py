@@ -50,13 +50,13 @@ def chat_app(model: str, *, method: str = "draft", max_tokens: int = 40,
                                generation=GenerationConfig(max_tokens=max_tokens), status=status)
         session.target.tokenizer.eos_token_ids = frozenset()
         if step_delay:  # a slow target, so a test can act while an answer is being generated
-            forward = session.target.forward
+            score = session.target.score
 
-            def slow_forward(*args, **kwargs):
+            def slow_score(*args, **kwargs):
                 time.sleep(step_delay)
-                return forward(*args, **kwargs)
+                return score(*args, **kwargs)
 
-            session.target.forward = slow_forward
+            session.target.score = slow_score
         return session
 
     return ChatApp(load, Path(model).name)

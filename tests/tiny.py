@@ -109,11 +109,10 @@ def first_token_check(target, make_drafter, prompt: str, cfg_kwargs: dict, runs:
 
     from edgespec import Engine, SamplingConfig
     from edgespec.sampling import probs
-    from edgespec.tree import chain_mask
 
     ids = Engine(target).encode(prompt)
     cache = target.make_cache()
-    logits = target.forward(ids, 0, chain_mask(len(ids), cache.key_positions(), 0, cache.window), cache).logits[-1]
+    logits = target.score(ids, cache).logits[-1]
     p = probs(np.array(logits)[None], SamplingConfig(**cfg_kwargs))[0]
     counts = np.zeros(len(p))
     for seed in range(runs):

@@ -39,7 +39,7 @@ from .base import Drafter
 PLAIN = "none"
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     name = "auto"
 
     def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
@@ -80,7 +80,7 @@ class AutoDrafter:
         return max(self.value, key=self.value.get)
 
     def propose(self, budget: int) -> DraftTree:
-        sure = [n for n, a in self.arms.items() if a is not None and _confident(a)] if budget > 0 else []
+        sure = [n for n, a in self.arms.items() if a is not None and a.confident()] if budget > 0 else []
         self.sure = bool(sure)
         self.current = sure[0] if sure else self.choose()
         if sure:
@@ -120,7 +120,3 @@ class AutoDrafter:
         return {n: {"steps": self.pulls[n], "sure_steps": self.sure_steps[n],
                     "tok_s": None if v is None else round(v, 2)} for n, v in self.value.items()}
 
-
-def _confident(arm: Drafter) -> bool:
-    sure = getattr(arm, "confident", None)
-    return bool(sure()) if sure is not None else False

@@ -1,24 +1,35 @@
-"""The Drafter protocol: what every drafting method implements.
+"""The Drafter base class: what every drafting method implements, and the abilities it may declare.
 
 A drafter sees the committed token history (through ``prefill`` and ``update``) and proposes a
 :class:`DraftTree` rooted at the last committed token. It owns its own state (its KV cache, its
 n-gram index); the engine owns the target's cache. ``target_out`` carries the target's logits
 and hidden states for drafters that learn from them (EAGLE, Medusa); others ignore it.
+
+Optional abilities are members of this class with a neutral default; a method declares one by
+overriding it, and the code that uses an ability (the engine, ``auto``, ``cascade``) calls the
+member directly:
+
+- ``confident()``: the next proposal is sure to pay (``auto`` gives such a step to this arm
+  outside its bandit);
+- ``lower_layers`` > 0: the drafter runs the target's own first ``lower_layers`` layers; the
+  engine then hands it a :class:`~edgespec.targets.lower_layers.LowerLayers` through
+  ``use_lower_layers`` and verifies only the layers above;
+- ``rewind(n)``: forget the last ``n`` tokens it was shown, cheaply (``cascade`` rewinds its
+  inner drafter after a rejection; a drafter that cannot says so and is prefilled again).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 from ..config import SamplingConfig
+from ..targets.lower_layers import LowerLayers
 from ..targets.target import TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    name: str
+class Drafter:
+    name: str = ""
+    lower_layers: int = 0  # ability: drafts through this many of the target's own first layers
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig) -> None:
@@ -27,15 +38,34 @@ class Drafter(Protocol):
         ``sampling`` is the request's config: a sampling drafter filters q with it and seeds its
         random stream from it.
         """
+        raise NotImplementedError
 
     def propose(self, budget: int) -> DraftTree:
         """Propose at most ``budget`` draft tokens (``budget`` may be 0) as a tree."""
+        raise NotImplementedError
 
-    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
+    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput | None) -> None:
         """Learn the outcome of verifying ``tree``: ``accepted.tokens`` are now committed."""
+        raise NotImplementedError
 
     def reset(self) -> None:
         """Forget the sequence (the next call is ``prefill``)."""
+        raise NotImplementedError
+
+    # ---- abilities (override to declare) ----
+
+    def confident(self) -> bool:
+        """Whether the next proposal is sure to pay (``auto`` takes it outside its bandit)."""
+        return False
+
+    def use_lower_layers(self, lower: LowerLayers | None) -> None:
+        """Draft through ``lower`` (the engine calls this before ``prefill`` when
+        ``lower_layers`` > 0; None: run without the target's cache)."""
+        raise NotImplementedError(f"{self.name} declares no lower_layers")
+
+    def rewind(self, n: int) -> bool:
+        """Forget the last ``n`` tokens shown; False when this drafter cannot (then prefill)."""
+        return False
 
 
 class AdaptiveLength:

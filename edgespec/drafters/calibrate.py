@@ -20,9 +20,7 @@ import numpy as np
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from ..kernels.attention import prepare
 from ..targets.target import Target
-from ..tree import chain_mask
 from .layer_subset import LayerSubset
 
 
@@ -76,9 +74,7 @@ def choose_best(table: list[dict], key: str, min_speedup: float = 1.05) -> tuple
 def _greedy_continuation(target: Target, prompt_ids: list[int], n: int) -> list[int]:
     cache, seq, out = target.make_cache(), list(prompt_ids), []
     for _ in range(n):
-        cache.reserve(len(seq))
-        mask = chain_mask(len(seq), cache.key_positions(), cache.offset, cache.window)
-        logits = target.forward(seq, cache.offset, mask, cache).logits[-1]
+        logits = target.score(seq, cache).logits[-1]
         cache.commit()
         seq = [int(mx.argmax(logits).item())]
         out.append(seq[0])
@@ -88,15 +84,10 @@ def _greedy_continuation(target: Target, prompt_ids: list[int], n: int) -> list[
 def _layer_pass(target: Target, seq: list[int], n: int) -> tuple[KVCache, list[mx.array]]:
     """One full pass over ``seq``: its committed cache and the hidden state (n, H) of the last
     n tokens entering each layer (index L: after the last layer)."""
-    cache = target.make_cache()
-    cache.reserve(len(seq))
-    positions, mask = prepare(0, chain_mask(len(seq), cache.key_positions(), 0, cache.window))
-    x = target.model.model.embed_tokens(mx.array(seq)[None])
-    hidden = [x[0, -n:]]
-    for i, layer in enumerate(target.model.model.layers):
-        x = layer(x, positions, mask, cache, i)
-        hidden.append(x[0, -n:])
+    cache, L = target.make_cache(), target.num_layers
+    out = target.score(seq, cache, capture=range(L + 1), head=False)
     cache.commit()
+    hidden = [out.captured[i][-n:] for i in range(L + 1)]
     mx.eval(hidden, cache.state())
     return cache, hidden
 
@@ -104,14 +95,11 @@ def _layer_pass(target: Target, seq: list[int], n: int) -> tuple[KVCache, list[m
 def _step_cost(target: Target, layers: Sequence[int], cache: KVCache, n: int, reps: int = 3) -> float:
     """Seconds of one n-token step through ``layers`` + head after ``cache``'s tokens (real
     layer ids; nothing is committed): the fastest of ``reps``, the least disturbed by other load."""
-    tokens = mx.zeros((1, n), dtype=mx.int32)
+    tokens = mx.zeros((n,), dtype=mx.int32)
     times = []
     for _ in range(reps + 1):  # the first run warms up
         t0 = time.perf_counter()
-        cache.reserve(n)
-        mask = chain_mask(n, cache.key_positions(), cache.offset, cache.window)
-        x = target.model(tokens, cache.offset, mask, cache, layers=layers)
-        mx.argmax(target.model.logits(x[0, -1])).item()
+        mx.argmax(target.score(tokens, cache, layers=layers).logits[-1]).item()
         times.append(time.perf_counter() - t0)
     return min(times[1:])
 
@@ -162,7 +150,7 @@ def calibrate_exit_layer(target: Target, prompt_ids: list[int], candidates: Sequ
     plain = _step_cost(target, range(L), cache, 1)
     table = []
     for e in candidates:
-        matches = np.array(mx.argmax(target.model.logits(hidden[e]), axis=-1)) == truth
+        matches = np.array(mx.argmax(target.logits(hidden[e]), axis=-1)) == truth
         draft = _step_cost(target, range(e), cache, 1)
         # with KV reuse a step feeds k + 1 nodes through layers < E and verifies layers >= E
         verify = _step_cost(target, range(e, L), cache, num_draft + 1) if e < L else 0.0
@@ -195,9 +183,7 @@ def search_layer_subset(target: Target, prompt_ids: list[int], num_draft: int = 
 
     def score(layers: list[int]) -> dict:
         sub = LayerSubset(target, layers)
-        c = sub.make_cache()
-        mask = chain_mask(len(seq), c.key_positions(), 0, c.window)
-        matches = np.array(mx.argmax(sub.forward(seq, 0, mask, c).logits[-tokens:], axis=-1)) == truth
+        matches = np.array(mx.argmax(sub.score(seq, sub.make_cache()).logits[-tokens:], axis=-1)) == truth
         draft, tau = _step_cost(target, layers, cache, 1), simulate_tau(matches, num_draft)
         return dict(layers=layers, accepted=float(matches.mean()), tau=tau, draft_ms=draft * 1e3,
                     verify_ms=verify * 1e3, plain_ms=plain * 1e3,

@@ -2,7 +2,7 @@
 
 ``CascadeDrafter.propose`` builds its k-token chain by running speculative decoding *of the
 draft model*: the inner drafter (prompt lookup by default) proposes a tree, the draft model
-scores it in one forward, and an acceptance rule of ``verify.py`` keeps the part the draft
+scores it in one forward (``Target.score``), and ``verify.accept`` keeps the part the draft
 model agrees with plus one token of the draft model's own. Repeat until the chain has k tokens.
 Each boundary is exact:
 
@@ -16,8 +16,8 @@ The draft model's KV cache holds "history + chain minus its last token", as for
 :class:`DraftModelDrafter`, whose prefill (prefix reuse) and update (trim rejected drafts) it
 inherits: after each inner forward only the accepted tree path is committed (one gather).
 The inner drafter sees the draft-level sequence (history + chain so far); after the outer
-verification rejects drafts it is rewound to the committed history (O(rewound tokens) for
-prompt lookup, a fresh ``prefill`` for other inner drafters).
+verification rejects drafts it is rewound to the committed history (its ``rewind`` ability:
+O(rewound tokens) for prompt lookup; a fresh ``prefill`` for inner drafters without it).
 
 Cost: one draft forward per inner step instead of one per draft token; the inner tree's nodes
 are extra rows in that forward. It pays when the inner drafter is right often (repetitive text,
@@ -26,17 +26,15 @@ code edits) and the draft model is much cheaper than the target.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
 from ..targets.target import Target
-from ..sampling import probs
-from ..tree import DraftTree, attention_mask
-from ..verify import Accepted, verify_greedy, verify_sampling
+from ..tree import DraftTree
+from ..verify import Accepted, accept
 from .base import Drafter
 from .draft_model import DraftModelDrafter
-from .lookup import NgramIndex, PromptLookupDrafter
+from .lookup import PromptLookupDrafter
 
 
 class CascadeDrafter(DraftModelDrafter):
@@ -91,26 +89,14 @@ class CascadeDrafter(DraftModelDrafter):
         lead = len(unseen) - 1  # unseen tokens before the root, scored as a chain in front
         tree = DraftTree(unseen[:-1] + inner.tokens,
                          list(range(-1, lead - 1)) + [p + lead if p >= 0 else lead - 1 for p in inner.parents])
-        cache.reserve(len(tree))
-        positions = cache.offset if tree.is_chain else cache.offset + tree.depths()
-        mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
-        logits = self.draft.forward(tree.tokens, positions, mask, cache).logits[lead:]
-        acc, q = self._verify(inner, logits)
+        logits = self.draft.score(tree, cache).logits[lead:]
+        acc, p = accept(inner, logits, self.sampling, self.rng, self.vocab_size)
+        # token j of acc.tokens was drawn (exactly, by the lossless rule) from p[path[j]]
+        q = [] if p is None else [p[u] for u in acc.path]
         cache.commit(list(range(lead)) + [u + lead for u in acc.path])
         self.inner.update(acc, inner, None)
         self.seen = seq + acc.tokens
         return acc.tokens, q
-
-    def _verify(self, inner: DraftTree, logits: mx.array) -> tuple[Accepted, list[np.ndarray]]:
-        """The draft model's acceptance of the inner tree; q rows along the accepted chain."""
-        if self.sampling.greedy:
-            return verify_greedy(inner, np.array(mx.argmax(logits, axis=-1))), []
-        p = probs(np.array(logits.astype(mx.float32)), self.sampling)
-        if self.vocab_size and p.shape[1] < self.vocab_size:
-            p = np.pad(p, ((0, 0), (0, self.vocab_size - p.shape[1])))
-        acc = verify_sampling(inner, p, self.rng)
-        # token j of acc.tokens was drawn (exactly, by the lossless rule) from p[path[j]]
-        return acc, [p[u] for u in acc.path]
 
     def _show_inner(self, seq: list[int]) -> None:
         """Bring the inner drafter from ``self.seen`` to ``seq`` (the committed history)."""
@@ -120,10 +106,7 @@ class CascadeDrafter(DraftModelDrafter):
             if a != b:
                 break
             common += 1
-        index = getattr(self.inner, "index", None)
-        if common < len(seen) and isinstance(index, NgramIndex):
-            _rewind(index, len(seen) - common)
-        elif common < len(seen):
+        if common < len(seen) and not self.inner.rewind(len(seen) - common):
             self.inner.prefill(list(seq), None, self.sampling)
             self.seen = list(seq)
             return
@@ -133,14 +116,3 @@ class CascadeDrafter(DraftModelDrafter):
             self.inner.update(Accepted([0], tail), DraftTree.chain(seq[common - 1], []), None)
         self.seen = list(seq)
 
-
-def _rewind(index: NgramIndex, n: int) -> None:
-    """Undo the last ``n`` ``index.extend`` tokens (each appended one position per n-gram size)."""
-    for _ in range(n):
-        end = len(index.tokens)
-        for size in range(index.lo, index.hi + 1):
-            if end - 1 >= size:
-                follow = index.follow[tuple(index.tokens[end - 1 - size : end - 1])]
-                assert follow and follow[-1] == end - 1
-                follow.pop()
-        index.tokens.pop()

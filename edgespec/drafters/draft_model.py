@@ -16,9 +16,9 @@ from ..config import SamplingConfig
 from ..errors import CacheRollbackError, DraftMismatchError
 from ..targets.target import Target, TargetOutput
 from ..sampling import make_rng, probs, sample
-from ..tree import DraftTree, chain_mask
+from ..tree import DraftTree
 from ..verify import Accepted
-from .base import AdaptiveLength
+from .base import AdaptiveLength, Drafter
 
 _PREFILL_CHUNK = 512
 
@@ -35,7 +35,7 @@ def check_vocabularies(target: Target, draft: Target) -> None:
         "share the target's tokenizer")
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, draft: Target, sampling: SamplingConfig, num_draft: int = 4,
@@ -79,10 +79,7 @@ class DraftModelDrafter:
         """Run the draft over tokens it has not seen; commit them; return the last logits."""
         for a in range(0, len(tokens), _PREFILL_CHUNK):
             chunk = tokens[a : a + _PREFILL_CHUNK]
-            cache = self.cache
-            cache.reserve(len(chunk))
-            mask = chain_mask(len(chunk), cache.key_positions(), cache.offset, cache.window)
-            out = self.draft.forward(chunk, cache.offset, mask, cache)
+            out = self.draft.score(chunk, self.cache)
             self.cache.commit()
         return out.logits[-1]
 

@@ -21,7 +21,6 @@ import mlx.core as mx
 from ..cache import KVCache
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..kernels.attention import prepare
 from ..targets.target import Target, TargetOutput
 from .draft_model import DraftModelDrafter
 
@@ -29,7 +28,7 @@ from .draft_model import DraftModelDrafter
 class LayerSubset:
     """The target's weights through ``layers`` (increasing ids), then final norm + LM head.
 
-    Offers what DraftModelDrafter uses of a Target: ``forward``, ``make_cache`` and ``name``.
+    Offers what DraftModelDrafter uses of a Target: ``score``, ``make_cache`` and ``name``.
     """
 
     def __init__(self, target: Target, layers: Sequence[int]):
@@ -46,16 +45,9 @@ class LayerSubset:
     def make_cache(self) -> KVCache:
         return KVCache(len(self.layers), window=self.target.args.sliding_window)
 
-    def forward(self, tokens, positions, mask, cache: KVCache) -> TargetOutput:
-        """Like ``Target.forward``; ``cache`` comes from ``make_cache`` (slot j = ``layers[j]``)."""
-        tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
-        positions, mask = prepare(positions, mask)  # once, not in every layer
-        cache.reserve(tokens.shape[0])
-        model = self.target.model
-        x = model.model.embed_tokens(tokens[None])
-        for j, i in enumerate(self.layers):
-            x = model.model.layers[i](x, positions, mask, cache, j)
-        return TargetOutput(model.logits(x[0]), x[0])
+    def score(self, tokens, cache: KVCache) -> TargetOutput:
+        """``Target.score`` through these layers; ``cache`` comes from ``make_cache``."""
+        return self.target.score(tokens, cache, layers=self.layers)
 
 
 class SubsetDrafter(DraftModelDrafter):

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..targets.target import TargetOutput
 from ..tree import DraftTree, merge
 from ..verify import Accepted
+from .base import Drafter
 
 
 class NgramPool:
@@ -103,7 +104,7 @@ class JacobiWindow:
         return grams
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     name = "lookahead"
 
     def __init__(self, window: int = 4, ngram: int = 4, guesses: int = 4, max_nodes: int = 32,

@@ -20,6 +20,7 @@ from ..config import SamplingConfig
 from ..targets.target import TargetOutput
 from ..tree import DraftTree, merge
 from ..verify import Accepted
+from .base import Drafter
 
 
 class NgramIndex:
@@ -38,6 +39,17 @@ class NgramIndex:
             for n in range(self.lo, self.hi + 1):
                 if end - 1 >= n:
                     self.follow[tuple(self.tokens[end - 1 - n : end - 1])].append(end - 1)
+
+    def rewind(self, n: int) -> None:
+        """Undo the last ``n`` tokens of ``extend`` (each added one position per n-gram size)."""
+        for _ in range(n):
+            end = len(self.tokens)
+            for size in range(self.lo, self.hi + 1):
+                if end - 1 >= size:
+                    follow = self.follow[tuple(self.tokens[end - 1 - size : end - 1])]
+                    assert follow and follow[-1] == end - 1
+                    follow.pop()
+            self.tokens.pop()
 
     def continuations(self, max_branches: int) -> tuple[int, list[int]]:
         """(longest match length, start positions of distinct continuations).
@@ -58,7 +70,7 @@ class NgramIndex:
         return longest, picked
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     name = "lookup"
 
     def __init__(self, num_draft: int = 8, max_draft: int = 12, max_branches: int = 1,
@@ -101,6 +113,10 @@ class PromptLookupDrafter:
         """Whether the next proposal rests on a match of at least ``SURE_MATCH`` tokens."""
         match, starts = self.index.continuations(1)
         return bool(starts) and match >= self.SURE_MATCH
+
+    def rewind(self, n: int) -> bool:
+        self.index.rewind(n)
+        return True
 
     def propose(self, budget: int) -> DraftTree:
         toks = self.index.tokens

@@ -39,6 +39,10 @@ QUANT_BITS = (2, 3, 4, 8)
 GROUP_SIZES = (32, 64, 128)
 
 
+_FLOAT = (nn.Linear, nn.Embedding)  # the layers nn.quantize turns into the ones below
+_QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
 def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Target:
     """A copy of ``target`` with linear and embedding weights quantized to ``bits``.
 
@@ -61,7 +65,7 @@ def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Tar
     quantized: list[str] = []
 
     def predicate(path: str, module: nn.Module) -> bool:
-        ok = hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
+        ok = isinstance(module, _FLOAT) and module.weight.shape[-1] % group_size == 0
         if ok:
             quantized.append(path)
         return ok
@@ -76,7 +80,7 @@ def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Tar
 
 def _target_bits(model: nn.Module) -> int | None:
     """The widest quantization among the model's layers (None when it is not quantized)."""
-    bits = [m.bits for _, m in model.named_modules() if hasattr(m, "scales")]
+    bits = [m.bits for _, m in model.named_modules() if isinstance(m, _QUANTIZED)]
     return max(bits) if bits else None
 
 
@@ -84,10 +88,10 @@ def _float_weights(model: nn.Module) -> dict[str, mx.array]:
     """The model's parameters with quantized layers dequantized (to their scales' dtype)."""
     weights = dict(tree_flatten(model.parameters()))
     for name, m in model.named_modules():
-        if not hasattr(m, "scales"):
+        if not isinstance(m, _QUANTIZED):
             continue
         w = mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
-                          bits=m.bits, mode=getattr(m, "mode", "affine"))
+                          bits=m.bits, mode=m.mode)
         weights[f"{name}.weight"] = w.astype(m.scales.dtype)
         weights.pop(f"{name}.scales")
         weights.pop(f"{name}.biases", None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .target import Target, TargetOutput, load_target
+from .load import load_target
+from .target import Target, TargetOutput
 
 
 def load(ref: str, dtype: str | None = None, progress: bool = True) -> Target:

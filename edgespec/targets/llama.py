@@ -12,6 +12,7 @@ Weight names follow the Hugging Face layout, so mlx-lm and HF model directories 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
 
 import mlx.core as mx
@@ -167,7 +168,8 @@ class LlamaModel(nn.Module):
 
 
 class Model(nn.Module):
-    """``__call__(tokens (1, N), positions, mask, cache) -> hidden (1, N, H)`` before the final norm."""
+    """The decoder: ``__call__`` runs (some of) its layers writing the cache's scratch slots;
+    ``logits`` applies the final norm and the LM head. ``Target.score`` is the one caller."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -176,14 +178,29 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
-    def __call__(self, tokens, positions, mask, cache: KVCache, layers: range | None = None,
-                 hidden: mx.array | None = None):
-        """``hidden`` (1, N, H), when given, replaces the embedding as the input of ``layers``."""
+    def __call__(self, tokens, positions, mask, cache: KVCache, layers: Sequence[int] | None = None,
+                 hidden: mx.array | None = None, capture: Collection[int] = ()
+                 ) -> tuple[mx.array, dict[int, mx.array]]:
+        """Run ``layers`` (increasing ids; default all) over ``tokens`` (1, N), or over ``hidden``
+        (1, N, H) in place of their embedding. Returns the last layer's output (1, N, H) and, for
+        each id in ``capture``, the hidden state entering that layer (id L: the last output).
+
+        Cache slot of layer ``i``: ``i`` when the cache has a slot per layer of the model,
+        otherwise the position of ``i`` in ``layers`` (a cache made for that subset).
+        """
         x = self.model.embed_tokens(tokens) if hidden is None else hidden
         positions, mask = prepare(positions, mask)
-        for i in layers if layers is not None else range(len(self.model.layers)):
-            x = self.model.layers[i](x, positions, mask, cache, i)
-        return x
+        blocks = self.model.layers
+        layers = range(len(blocks)) if layers is None else layers
+        own_slots = cache.num_layers == len(blocks)
+        captured = {}
+        for j, i in enumerate(layers):
+            if i in capture:
+                captured[i] = x
+            x = blocks[i](x, positions, mask, cache, i if own_slots else j)
+        if len(blocks) in capture:
+            captured[len(blocks)] = x
+        return x, captured
 
     def fuse(self) -> int:
         """Fuse every float block (see ``Block.fuse``); returns how many now run fused."""

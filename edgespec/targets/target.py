@@ -1,34 +1,30 @@
-"""Target: a loaded model + tokenizer with the one forward the engine and drafters call.
+"""Target: a loaded model + tokenizer, and the one scoring path every caller uses.
 
-``Target.forward(tokens, positions, mask, cache)`` -> :class:`TargetOutput` (logits for every
-token, and the last layer's hidden states). Loading reads a model directory (HF / mlx-lm layout,
-see ``hub.py``) and applies the dtype policy: float32 on the CPU backend (with an optimized BLAS
-float32 matmuls are memory-bound, which is what speculation needs), the checkpoint's own
-quantization / half precision on Metal and CUDA; ``dtype=`` overrides.
+``Target.score(tokens_or_tree, cache)`` -> :class:`TargetOutput` scores new tokens (a chain
+following the cache, or a :class:`DraftTree` whose root follows it) against the cache: it
+reserves the scratch slots, derives positions and the attention mask from the cache and the
+tree, and runs the layers. It never commits: the cache's owner (the engine for the target's
+cache, a drafter for its own) calls ``commit``/``trim`` afterwards.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from ..cache import KVCache
-from ..errors import ModelLoadError, UnsupportedModelError
 from ..loading.tokenizer import Tokenizer
-from ..tree import LayerReuse
+from ..tree import DraftTree, attention_mask, chain_mask
 from .llama import Model, ModelArgs
-
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
 
 @dataclass
 class TargetOutput:
-    logits: mx.array  # (N, V)
-    hidden: mx.array  # (N, H), last layer before the final norm
+    logits: mx.array | None  # (N, V); None when the head was not asked for
+    hidden: mx.array  # (N, H), the last layer run, before the final norm
+    captured: dict[int, mx.array] = field(default_factory=dict)  # layer id -> (N, H) entering it
 
 
 class Target:
@@ -56,116 +52,36 @@ class Target:
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers, window=self.args.sliding_window)
 
-    def forward(self, tokens, positions, mask, cache: KVCache, reuse: LayerReuse | None = None
-                ) -> TargetOutput:
-        """Score ``tokens`` (list or (N,) array) at ``positions`` attending to ``cache`` + themselves.
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Final norm + LM head over hidden states (..., H) of the last layer."""
+        return self.model.logits(hidden)
 
-        Writes their keys/values to the cache's scratch slots; the caller commits or discards.
-        With ``reuse`` (see ``tree.LayerReuse``) only the layers from ``reuse.layers`` on run,
-        starting from ``reuse.hidden``; the lower layers' scratch slots must already be filled.
+    def score(self, tokens: DraftTree | list[int] | mx.array, cache: KVCache, *,
+              layers: Sequence[int] | None = None, hidden: mx.array | None = None,
+              capture: Collection[int] = (), head: bool = True) -> TargetOutput:
+        """Score new tokens against ``cache``: a chain (ids following the cache's tokens) or a
+        tree (its root follows them; positions = offset + depth, ancestors-only mask).
+
+        Writes the tokens' keys/values into the cache's scratch slots and commits nothing.
+        ``layers`` runs only those layers (increasing ids; see ``Model.__call__`` for the cache
+        slots), starting from ``hidden`` (N, H) instead of the embedding when given; ``capture``
+        returns the hidden state entering each listed layer; ``head=False`` skips the LM head.
         """
-        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
-        cache.reserve(tokens.shape[0])  # positions and mask are normalised by the model (ops.prepare)
-        if reuse is None:
-            hidden = self.model(tokens[None], positions, mask, cache)[0]
+        tree = tokens if isinstance(tokens, DraftTree) else None
+        ids = tree.tokens if tree is not None else tokens
+        n = len(ids)
+        cache.reserve(n)  # may drop entries that left the window: before the mask is built
+        if tree is None or tree.is_chain:
+            positions = cache.offset
+            mask = chain_mask(n, cache.key_positions(), cache.offset, cache.window)
         else:
-            if reuse.hidden.shape[0] != tokens.shape[0]:
-                raise ValueError(f"reuse.hidden has {reuse.hidden.shape[0]} rows for "
-                                 f"{tokens.shape[0]} tokens")
-            layers = range(reuse.layers, self.num_layers)
-            hidden = self.model(None, positions, mask, cache, layers=layers, hidden=reuse.hidden[None])[0]
-        return TargetOutput(self.model.logits(hidden), hidden)
-
-
-def default_dtype() -> str:
-    """float32 on the CPU backend; keep the checkpoint's precision on GPUs ('auto')."""
-    return "float32" if mx.default_device() == mx.cpu or not mx.is_available(mx.gpu) else "auto"
-
-
-def load_target(path: Path, dtype: str | None = None) -> Target:
-    """Load a model directory; ``dtype`` in (None|'auto', 'float32', 'float16', 'bfloat16')."""
-    path = Path(path)
-    config = _read_config(path)
-    args = ModelArgs.from_dict(config)
-    weights = _read_weights(path)
-    quant = config.get("quantization") or config.get("quantization_config")
-    dtype = dtype or default_dtype()
-    if dtype not in ("auto", *DTYPES):
-        raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
-    model = Model(args)
-    keep_quantized = quant is not None and dtype == "auto"
-    if keep_quantized:
-        _quantize_like(model, weights, quant)
-    elif quant is not None:
-        weights = _dequantize(weights, quant, DTYPES[dtype])
-    if not keep_quantized or dtype != "auto":
-        target_dtype = DTYPES.get(dtype)
-        if target_dtype is not None:
-            weights = {k: v.astype(target_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                       for k, v in weights.items()}
-    weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
-    if args.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
-    mx.eval(model.parameters())
-    model.fuse()
-    tokenizer = Tokenizer.from_dir(path)
-    return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized)
-
-
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path} has no config.json; expected a model directory "
-                             "(config.json, *.safetensors, tokenizer files)") from None
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {e}") from None
-
-
-def _read_weights(path: Path) -> dict[str, mx.array]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path} has no *.safetensors weight files")
-    weights: dict[str, mx.array] = {}
-    for f in files:
-        try:
-            weights.update(mx.load(str(f)))
-        except Exception as e:  # mlx raises RuntimeError/ValueError for unreadable files
-            raise ModelLoadError(f"cannot read weights {f}: {e}") from None
-    return weights
-
-
-def _quant_params(quant: dict, name: str) -> tuple[int, int]:
-    own = quant.get(name) if isinstance(quant.get(name), dict) else {}
-    return own.get("group_size", quant.get("group_size", 64)), own.get("bits", quant.get("bits", 4))
-
-
-def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
-    out = {}
-    for k, v in weights.items():
-        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] + ".weight" in weights:
-            continue
-        base = k.rsplit(".", 1)[0]
-        if k.endswith(".weight") and base + ".scales" in weights:
-            gs, bits = _quant_params(quant, base)
-            v = mx.dequantize(v, weights[base + ".scales"], weights.get(base + ".biases"),
-                              group_size=gs, bits=bits).astype(dtype)
-        out[k] = v
-    return out
-
-
-def _quantize_like(model: Model, weights: dict, quant: dict) -> None:
-    def predicate(name: str, module: nn.Module):
-        if f"{name}.scales" not in weights:
-            return False
-        gs, bits = _quant_params(quant, name)
-        return {"group_size": gs, "bits": bits}
-
-    try:
-        nn.quantize(model, class_predicate=predicate)
-    except ValueError as e:
-        raise UnsupportedModelError(f"cannot apply quantization {quant}: {e}") from None
+            positions = cache.offset + tree.depths()
+            mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
+        if hidden is not None and hidden.shape[0] != n:
+            raise ValueError(f"hidden has {hidden.shape[0]} rows for {n} tokens")
+        x, captured = self.model(
+            None if hidden is not None else (ids if isinstance(ids, mx.array) else mx.array(ids))[None],
+            positions, mask, cache, layers, None if hidden is None else hidden[None], capture)
+        x = x[0]
+        return TargetOutput(self.logits(x) if head else None, x,
+                            {i: h[0] for i, h in captured.items()})

@@ -1,0 +1,115 @@
+"""Loading a model directory (HF / mlx-lm layout; see ``loading/hub.py`` for model references)
+into a :class:`Target`, with the dtype policy: float32 on the CPU backend (with an optimized BLAS
+float32 matmuls are memory-bound, which is what speculation needs), the checkpoint's own
+quantization / half precision on Metal and CUDA; ``dtype=`` overrides. Quantized checkpoints
+(mlx-lm's ``quantization`` config) are kept quantized or dequantized to the asked dtype.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import ModelLoadError, UnsupportedModelError
+from ..loading.tokenizer import Tokenizer
+from .llama import Model, ModelArgs
+from .target import Target
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def default_dtype() -> str:
+    """float32 on the CPU backend; keep the checkpoint's precision on GPUs ('auto')."""
+    return "float32" if mx.default_device() == mx.cpu or not mx.is_available(mx.gpu) else "auto"
+
+
+def load_target(path: Path, dtype: str | None = None) -> Target:
+    """Load a model directory; ``dtype`` in (None|'auto', 'float32', 'float16', 'bfloat16')."""
+    path = Path(path)
+    config = _read_config(path)
+    args = ModelArgs.from_dict(config)
+    weights = _read_weights(path)
+    quant = config.get("quantization") or config.get("quantization_config")
+    dtype = dtype or default_dtype()
+    if dtype not in ("auto", *DTYPES):
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
+    model = Model(args)
+    keep_quantized = quant is not None and dtype == "auto"
+    if keep_quantized:
+        _quantize_like(model, weights, quant)
+    elif quant is not None:
+        weights = _dequantize(weights, quant, DTYPES[dtype])
+    if not keep_quantized or dtype != "auto":
+        target_dtype = DTYPES.get(dtype)
+        if target_dtype is not None:
+            weights = {k: v.astype(target_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                       for k, v in weights.items()}
+    weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
+    if args.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
+    mx.eval(model.parameters())
+    model.fuse()
+    tokenizer = Tokenizer.from_dir(path)
+    return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized)
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path} has no config.json; expected a model directory "
+                             "(config.json, *.safetensors, tokenizer files)") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+
+
+def _read_weights(path: Path) -> dict[str, mx.array]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weight files")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as e:  # mlx raises RuntimeError/ValueError for unreadable files
+            raise ModelLoadError(f"cannot read weights {f}: {e}") from None
+    return weights
+
+
+def _quant_params(quant: dict, name: str) -> tuple[int, int]:
+    own = quant.get(name) if isinstance(quant.get(name), dict) else {}
+    return own.get("group_size", quant.get("group_size", 64)), own.get("bits", quant.get("bits", 4))
+
+
+def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
+    out = {}
+    for k, v in weights.items():
+        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] + ".weight" in weights:
+            continue
+        base = k.rsplit(".", 1)[0]
+        if k.endswith(".weight") and base + ".scales" in weights:
+            gs, bits = _quant_params(quant, base)
+            v = mx.dequantize(v, weights[base + ".scales"], weights.get(base + ".biases"),
+                              group_size=gs, bits=bits).astype(dtype)
+        out[k] = v
+    return out
+
+
+def _quantize_like(model: Model, weights: dict, quant: dict) -> None:
+    def predicate(name: str, module: nn.Module):
+        if f"{name}.scales" not in weights:
+            return False
+        gs, bits = _quant_params(quant, name)
+        return {"group_size": gs, "bits": bits}
+
+    try:
+        nn.quantize(model, class_predicate=predicate)
+    except ValueError as e:
+        raise UnsupportedModelError(f"cannot apply quantization {quant}: {e}") from None
