@@ -16,7 +16,7 @@ _FORMATS = {  # metric -> (format spec, unit written after the value, how it rea
     "generated_tokens": ("d", "", "{} tokens"),
     "tokens_per_s": (".1f", "", "{} tok/s"),
     "tau": (".2f", "", "τ {}"),
-    "acceptance_rate": (".1%", "", "accepted {}"),
+    "acceptance_rate": (".0%", "", "accepted {}"),
     "cached_tokens": ("d", "", "{} cached"),
     "speedup": (".2f", "×", "{} vs plain"),
     "peak_memory_mb": (".0f", "", "peak {} MB"),
