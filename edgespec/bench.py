@@ -30,6 +30,7 @@ from .config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import load_draft, make_drafter
 from .engine import Engine
 from .errors import ConfigError
+from .stats import format_metric
 from .targets import Target
 
 BASELINE = "none"
@@ -37,7 +38,7 @@ NEEDS_DRAFT = ("draft", "cascade")  # methods that run a separate draft model
 WARMUP_TOKENS = 16
 _STATS = ("generated_tokens", "target_forwards", "proposed", "accepted", "prefill_s",
           "decode_s", "draft_s", "verify_s", "peak_memory_mb")
-_COLUMNS = ("prompts", "τ", "accept %", "tok/s", "speedup", "median", "exact",
+_COLUMNS = ("prompts", "τ", "accepted", "tok/s", "speedup", "median", "exact",
             "draft/verify/other %", "peak MB")
 
 
@@ -274,16 +275,12 @@ def _header(env: dict) -> str:
 
 def _cells(s: dict) -> list[str]:
     """One summary as table cells, in ``_COLUMNS`` order."""
-    def fmt(x, spec: str, unit: str = "") -> str:
-        return "—" if x is None else format(x, spec) + unit
-
     decode = s["decode_s"] or 0.0
     split = ("—" if not decode else
              "/".join(f"{100 * s[k] / decode:.0f}" for k in ("draft_s", "verify_s", "other_s")))
-    accept = None if s["acceptance_rate"] is None else 100 * s["acceptance_rate"]
-    return [str(s["prompts"]), fmt(s["tau"], ".2f"), fmt(accept, ".1f"), fmt(s["tokens_per_s"], ".1f"),
-            fmt(s["speedup"], ".2f", "×"), fmt(s["median_speedup"], ".2f", "×"), s["exact_match"] or "—", split,
-            fmt(s["peak_memory_mb"], ".0f")]
+    metric = [format_metric(k, s[k]) for k in ("tau", "acceptance_rate", "tokens_per_s", "speedup")]
+    return [str(s["prompts"]), *metric, format_metric("speedup", s["median_speedup"]),
+            s["exact_match"] or "—", split, format_metric("peak_memory_mb", s["peak_memory_mb"])]
 
 
 def format_report(report: dict):

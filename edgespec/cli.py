@@ -161,10 +161,8 @@ def generate(model_ref, method, prompt, system, raw, dtype, as_json, stop, **kw)
         return
     for step in engine.stream(query, generation=gen):
         click.echo(step.text, nl=False)
-    s = engine.last_stats
     click.echo()
-    click.echo(f"[{engine.method}] {s.generated_tokens} tokens, {s.tokens_per_s:.1f} tok/s, "
-               f"tau {s.tau:.2f}, accepted {s.accepted}/{s.proposed}", err=True)
+    click.echo(engine.last_stats.summary(), err=True)
 
 
 @main.command()

@@ -17,6 +17,7 @@ import mlx.core as mx
 from . import BLAS, __version__
 from .loading._blas import blas_info
 from .engine import Engine
+from .stats import phrase
 from .targets import load
 
 _CONTEXT, _REPEATS = 128, 9
@@ -74,6 +75,6 @@ def format_findings(f: dict) -> str:
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"
         + ("  (speculation-friendly)" if ratio <= 2.0 else "  (verifying drafts is expensive here)"),
-        f"plain decoding  {f['plain_decode_tok_s']:.1f} tok/s",
+        "plain decoding  " + phrase("tokens_per_s", f["plain_decode_tok_s"]),
     ]
     return "\n".join(lines)

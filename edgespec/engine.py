@@ -11,24 +11,29 @@ Phases of one step (named closures in ``Engine._decode``):
                   (only the upper layers when the drafter ran the lower ones: ``LowerLayers``)
   3. ``accept``   ``verify.accept``: a lossless rule picks the accepted path and the bonus token
   4. ``commit``   the cache keeps the accepted path; the drafter learns the outcome
-  5. ``emit``     new tokens -> text delta, stop conditions, a Step event
+  5. ``emit``     new tokens -> text delta (in drafted / target runs), stop conditions, a Step
+
+The loop receives token ids: prompts are encoded (chat template included) up front by
+``prompt.encode_prompt``, and the context window is checked once, by ``prompt.check_context``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
-from .errors import CacheRollbackError, ConfigError, ContextOverflowError
+from .errors import CacheRollbackError
+from .prompt import Prompt, check_context, encode_prompt
 from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
 from .sampling import make_rng
-from .stream_text import TextStream
+from .stats import Stats
+from .stream_text import Segment, TextStream
 from .tree import DraftTree
 from .verify import Accepted, accept
 
@@ -37,47 +42,23 @@ _PREFILL_CHUNK = 512
 
 @dataclass
 class Step:
-    """One engine step's output."""
+    """One engine step's output.
+
+    ``segments`` is the step's text in runs, each marked drafted (from accepted drafts: the first
+    ``accepted`` of ``token_ids``) or not (produced by the target: the last token, the bonus or
+    correction). Their concatenation is ``text``; see ``stream_text`` for how a character split
+    over tokens, or held back for a possible stop string, is attributed.
+    """
 
     token_ids: list[int]  # newly committed tokens (EOS and anything past a stop excluded)
-    text: str  # the text they complete (held back while it could be the start of a stop string)
+    segments: tuple[Segment, ...]  # the text they complete (held back while it could start a stop)
     accepted: int  # how many of token_ids were drafted and accepted
     proposed: int  # how many tokens the drafter proposed this step
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" on the last step
 
-
-@dataclass
-class Stats:
-    method: str = "none"
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
-    generated_tokens: int = 0
-    target_forwards: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    peak_memory_mb: float = 0.0
-
     @property
-    def tau(self) -> float:
-        """Tokens committed per target forward, counting the bonus token (plain decoding: 1)."""
-        return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(tau=self.tau, acceptance_rate=self.acceptance_rate, tokens_per_s=self.tokens_per_s)
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
 
 
 @dataclass
@@ -115,32 +96,21 @@ class Engine:
         """Ask a running ``stream`` to stop after its current step (thread-safe flag)."""
         self._cancel = True
 
-    def encode(self, prompt) -> list[int]:
-        """A str is raw text; a list of {role, content} dicts goes through the chat template."""
-        tok = self.target.tokenizer
-        if isinstance(prompt, str):
-            ids = tok.encode(prompt)
-        elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt) and prompt:
-            ids = tok.encode(tok.apply_chat_template(prompt), add_special_tokens=False)
-        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        else:
-            raise ConfigError(f"prompt must be a string, a list of chat messages or token ids; "
-                              f"got {type(prompt).__name__}")
-        if not ids or (isinstance(prompt, str) and not prompt.strip()):
-            raise ConfigError("prompt is empty; give some text to continue")
-        return ids
+    def encode(self, prompt: Prompt) -> list[int]:
+        """``prompt.encode_prompt`` with this engine's tokenizer (what ``stream`` does first)."""
+        return encode_prompt(self.target.tokenizer, prompt)
 
-    def generate(self, prompt, **kwargs) -> Result:
+    def generate(self, prompt: Prompt, **kwargs) -> Result:
         steps = list(self.stream(prompt, **kwargs))
         ids = [t for s in steps for t in s.token_ids]
         reason = steps[-1].finish_reason if steps else "length"
         return Result("".join(s.text for s in steps), ids, self.last_stats, reason or "length", steps)
 
-    def stream(self, prompt, *, max_tokens: int | None = None, stop=None,
+    def stream(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
                generation: GenerationConfig | None = None,
                sampling: SamplingConfig | None = None) -> Iterator[Step]:
-        """Generate for ``prompt``, yielding a Step per target forward.
+        """Generate for ``prompt`` (raw text, chat messages or token ids), yielding a Step per
+        target forward.
 
         ``sampling`` overrides the engine's SamplingConfig for this call (the drafter gets the
         same one). ``engine.drafter`` may be replaced between calls; the KV cache of a shared
@@ -148,12 +118,9 @@ class Engine:
         """
         gen = generation or GenerationConfig(
             max_tokens=max_tokens if max_tokens is not None else 256, stop=tuple(stop or ()))
-        ids = self.encode(prompt)
+        ids = encode_prompt(self.target.tokenizer, prompt)
         ctx = self.target.context_length
-        if len(ids) >= ctx:
-            raise ContextOverflowError(
-                f"prompt has {len(ids)} tokens but the context window of {self.target.name} "
-                f"is {ctx}; shorten the prompt")
+        check_context(ids, ctx, self.target.name)
         self._cancel = False
         yield from self._decode(ids, min(gen.max_tokens, ctx - len(ids)), gen,
                                 sampling or self.sampling)
@@ -223,12 +190,6 @@ class Engine:
             stats.generated_tokens += used
             root = acc.tokens[-1]
             seq.extend(acc.tokens)
-            if step.finish_reason is None and done >= max_new:
-                step.finish_reason = "length"
-            if step.finish_reason is None and self._cancel:
-                step.finish_reason = "cancelled"
-            if step.finish_reason is not None:
-                step.text += text.flush()
             stats.decode_s = time.perf_counter() - t_start
             stats.peak_memory_mb = mx.get_peak_memory() / 2**20
             yield step
@@ -260,20 +221,26 @@ class Engine:
 
     def _emit(self, acc: Accepted, tree: DraftTree, eos, text: TextStream,
               room: int) -> tuple[Step, int]:
-        """Turn committed tokens into a Step, cutting at EOS, a stop string or the token limit.
+        """Turn committed tokens into a Step, cutting at EOS, a stop string, the token limit
+        (``room`` tokens were left) or a cancel; the last step's text is flushed.
 
         Also returns how many tokens the output used (the kept ones, plus an EOS that ended it):
         tokens committed after the end do not count in the stats.
         """
         kept, reason, used = [], None, 0
-        for t in acc.tokens[:room]:
+        for i, t in enumerate(acc.tokens[:room]):
             used += 1
             if t in eos:
                 reason = "stop"
                 break
             kept.append(t)
-            if text.add(t):
+            if text.add(t, drafted=i < acc.num_accepted):
                 reason = "stop"
                 break
+        if reason is None and len(acc.tokens) >= room:
+            reason = "length"
+        if reason is None and self._cancel:
+            reason = "cancelled"
+        segments = text.take() if reason is None else text.flush()
         drafted = min(len(kept), acc.num_accepted)
-        return Step(kept, text.take(), drafted, tree.num_drafted, reason), used
+        return Step(kept, segments, drafted, tree.num_drafted, reason), used

@@ -275,11 +275,12 @@ def test_worker_skips_cancelled_jobs_and_fails_queued_ones_on_stop(model_dir):
     from fastapi.testclient import TestClient
 
     from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+    from edgespec.prompt import encode_prompt
     from edgespec.server.errors import UnavailableError
     from edgespec.server.worker import Done, Failed, GenRequest
 
     state = ServerState.start(ServerSettings(model=str(model_dir)), progress=False)
-    worker, ids = state.worker, state.encoder.encode("the cat")
+    worker, ids = state.worker, encode_prompt(state.target.tokenizer, "the cat")
 
     def job(n, loop):
         return worker.submit(GenRequest(ids, GenerationConfig(max_tokens=n), SamplingConfig(),

@@ -26,7 +26,8 @@ from edgespec.tui.app import ChatApp
 from edgespec.tui.cli import chat
 from edgespec.tui.render import DRAFTED_STYLE, TARGET_STYLE, ansi, printable
 from edgespec.tui.screens import HelpScreen
-from edgespec.tui.session import ChatSession, Piece, StepSplitter, open_session
+from edgespec.stream_text import Segment
+from edgespec.tui.session import ChatSession, open_session
 from edgespec.tui.widgets import AnswerView, ChatInput, LoadingPanel, StatusBar, UserMessage
 
 from .tiny import make_tiny_model
@@ -110,23 +111,21 @@ def status(app: ChatApp) -> str:
 
 def test_printable_and_ansi():
     assert printable("a\x1b[31mb\r\n\tc\x07") == "a\u241b[31mb\u240d\n\tc\u2407"
-    pieces = [Piece("drafted ", True), Piece("\x1bx", False)]
-    assert ansi(pieces, color=False) == "drafted \x1bx"  # a pipe gets the exact text
-    assert ansi(pieces, color=True) == "\x1b[32mdrafted \x1b[0m\u241bx"
+    segments = [Segment("drafted ", True), Segment("\x1bx", False)]
+    assert ansi(segments, color=False) == "drafted \x1bx"  # a pipe gets the exact text
+    assert ansi(segments, color=True) == "\x1b[32mdrafted \x1b[0m\u241bx"
 
 
-def test_step_splitter_attributes_text_to_tokens(tiny):
-    from edgespec import Engine, load, make_drafter
-
-    target = load(tiny)
-    engine = Engine(target, make_drafter(SpecConfig(method="draft", draft=tiny), target))
-    splitter, pieces, text = StepSplitter(target.tokenizer), [], ""
-    for step in engine.stream("the cat", max_tokens=30,
-                              sampling=SamplingConfig(temperature=1.0, seed=3)):
-        pieces += splitter.split(step)
-        text += step.text
-    assert "".join(p.text for p in pieces) == text
-    assert {p.drafted for p in pieces} == {True, False}
+def test_reply_segments_are_the_engines(tiny):
+    """Updates carry the engine's segments as they are: the answer is their text, both kinds."""
+    session = open_session(tiny, spec=SpecConfig(method="draft", draft=tiny),
+                           sampling=SamplingConfig(temperature=1.0, seed=3),
+                           generation=GenerationConfig(max_tokens=30))
+    session.target.tokenizer.eos_token_ids = frozenset()
+    updates = list(session.reply("the cat"))
+    segments = [s for u in updates for s in u.segments]
+    assert "".join(s.text for s in segments) == session.messages[-1]["content"]
+    assert {s.drafted for s in segments} == {True, False}
 
 
 def test_session_stop_before_the_stream_begins(tiny):
@@ -149,8 +148,8 @@ def test_send_streams_both_styles_and_toggle(tiny, monkeypatch):
     shown = []  # the answer's length after each redraw: it grows while being generated
     append = AnswerView.append
 
-    def recording_append(self, pieces):
-        append(self, pieces)
+    def recording_append(self, segments):
+        append(self, segments)
         shown.append(len(self.text))
 
     monkeypatch.setattr(AnswerView, "append", recording_append)
@@ -161,7 +160,7 @@ def test_send_streams_both_styles_and_toggle(tiny, monkeypatch):
         view = await answered(pilot)
         assert isinstance(app.query(UserMessage).last(), UserMessage)
         assert len([n for n in shown if 0 < n < len(view.text)]) >= 3, shown
-        assert {p.drafted for p in view.pieces} == {True, False}
+        assert {p.drafted for p in view.segments} == {True, False}
         assert {DRAFTED_FG, TARGET_FG} <= rendered_colors(view)
         text = status(app)
         assert "draft" in text and "τ" in text and "accepted 100%" in text and "tok/s" in text
@@ -284,7 +283,7 @@ def test_plain_mode_through_a_pipe(tiny):
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout and "Traceback" not in proc.stderr
-    assert re.search(r"\[draft\] 12 tokens, .* tok/s, tau [\d.]+, accepted 100%", proc.stderr)
+    assert re.search(r"\[draft\] 12 tokens, .* tok/s, τ [\d.]+, accepted 100%", proc.stderr)
     assert re.search(r"\[none\] 12 tokens, .*cached", proc.stderr), proc.stderr
 
 
@@ -366,7 +365,7 @@ def test_demo_model_chat():
         assert app.session.plain_rate
         await send(pilot, "Name three famous buildings there.")
         view = await answered(pilot, timeout=180)
-        assert {p.drafted for p in view.pieces} == {True, False}
+        assert {p.drafted for p in view.segments} == {True, False}
         assert {DRAFTED_FG, TARGET_FG} <= rendered_colors(view)
         assert "× vs plain" in status(app) and app._last.stats.cached_tokens > 0
         assert app._last.stats.acceptance_rate > 0.9  # self-drafting: all but near-ties

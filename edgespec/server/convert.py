@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import ContextOverflowError
+from ..prompt import check_context, encode_prompt
 from .errors import ModelNotFoundError, RequestError
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 from .state import ServerState, spec_config
@@ -100,11 +101,10 @@ def _message(m: ChatMessage) -> dict:
 
 
 def _encode(prompt, state: ServerState, param: str) -> list[int]:
-    ids = state.encoder.encode(prompt)
-    ctx = state.target.context_length
-    if len(ids) >= ctx:
-        err = ContextOverflowError(f"the prompt has {len(ids)} tokens but the context window of "
-                                   f"{state.model_name} is {ctx}; shorten the {param}")
-        err.param = param
-        raise err
+    ids = encode_prompt(state.target.tokenizer, prompt)
+    try:
+        check_context(ids, state.target.context_length, state.model_name, param)
+    except ContextOverflowError as err:
+        err.param = param  # errors.py reports it as the OpenAI error's "param"
+        raise
     return ids

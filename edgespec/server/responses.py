@@ -12,7 +12,8 @@ import json
 import time
 import uuid
 
-from ..engine import Stats
+from ..stats import Stats
+from .schemas import SpeculativeUsage
 
 DONE = "data: [DONE]\n\n"
 KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment: clients skip it; a closed socket fails on it
@@ -22,18 +23,17 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+_SPECULATIVE = tuple(SpeculativeUsage.model_fields)  # the Stats.as_dict() keys usage carries
+
+
 def usage(stats: Stats) -> dict:
-    s = stats
+    s = stats.as_dict()
     return {
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.generated_tokens,
-        "total_tokens": s.prompt_tokens + s.generated_tokens,
-        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
-        "speculative": {
-            "method": s.method, "tau": round(s.tau, 4), "proposed": s.proposed,
-            "accepted": s.accepted, "acceptance_rate": round(s.acceptance_rate, 4),
-            "target_forwards": s.target_forwards, "tokens_per_s": round(s.tokens_per_s, 2),
-        },
+        "prompt_tokens": s["prompt_tokens"],
+        "completion_tokens": s["generated_tokens"],
+        "total_tokens": s["prompt_tokens"] + s["generated_tokens"],
+        "prompt_tokens_details": {"cached_tokens": s["cached_tokens"]},
+        "speculative": {k: s[k] for k in _SPECULATIVE},
     }
 
 

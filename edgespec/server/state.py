@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ..config import METHODS, SpecConfig
 from ..drafters import load_draft
-from ..engine import Engine
 from ..errors import ConfigError
 from ..targets import load
 from .worker import Worker
@@ -84,7 +83,6 @@ class ServerState:
         self.settings = settings
         self.worker = worker
         self.target = worker.target
-        self.encoder = Engine(self.target)  # used only for its ``encode``; never generates
         self.method = settings.default_method()
         self.methods = settings.available_methods()
         self.created = int(time.time())

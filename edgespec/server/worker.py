@@ -25,7 +25,8 @@ import mlx.core as mx
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import make_drafter
-from ..engine import Engine, Stats, Step
+from ..engine import Engine, Step
+from ..stats import Stats
 from ..targets import Target
 from .errors import UnavailableError
 

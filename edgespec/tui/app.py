@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ..errors import EdgespecError
+from ..stats import phrase
 from . import jobs
 from .jobs import Flush, JobDone, Loaded, Loader, LoadFailed, Mailbox, Progress
 from .screens import HelpScreen, TemperatureScreen
@@ -131,7 +132,7 @@ class ChatApp(App[None]):
             return
         self._note = None
         for update in updates:
-            self._answer.append(update.pieces)
+            self._answer.append(update.segments)
         self._last = updates[-1]
         self._show_status()
         self.call_after_refresh(self._follow)
@@ -151,7 +152,7 @@ class ChatApp(App[None]):
         elif message.error:
             self.notify(message.error, severity="error", timeout=8)
         elif was == "measuring":
-            self.notify(f"plain decoding: {message.rate:.1f} tok/s")
+            self.notify("plain decoding: " + phrase("tokens_per_s", message.rate))
         if self._new_after_stop:
             self._clear_conversation()
         self._show_status()
@@ -159,19 +160,14 @@ class ChatApp(App[None]):
 
     def _finish_answer(self, error: str | None) -> None:
         answer, self._answer = self._answer, None
-        if error and not answer.pieces:
+        if error and not answer.segments:
             answer.fail(error)
             return
         if error:
             self.notify(error, severity="error", timeout=8)
         if self._last is not None:
-            s = self._last.stats
-            note = [_FINISH_NOTES.get(self._last.finish_reason or "", ""),
-                    f"{s.generated_tokens} tokens", f"{s.tokens_per_s:.1f} tok/s"]
-            if s.method != "none":
-                note.append(f"τ {s.tau:.2f}")
-            if self._last.speedup:
-                note.append(f"{self._last.speedup:.2f}×")
+            last = self._last
+            note = [_FINISH_NOTES.get(last.finish_reason or "", ""), *last.stats.parts(last.speedup)]
             answer.finish(" · ".join(n for n in note if n))
 
     # the person's actions ---------------------------------------------------------------------

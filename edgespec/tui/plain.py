@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..errors import EdgespecError
+from ..stats import phrase
 from .render import ansi
 from .session import ChatSession, Update
 
@@ -32,17 +33,8 @@ COMMANDS = {
 def stats_line(update: Update | None, session: ChatSession) -> str:
     if update is None:
         return f"[{session.method}] no tokens"
-    s = update.stats
-    parts = [f"[{s.method}] {s.generated_tokens} tokens", f"{s.tokens_per_s:.1f} tok/s"]
-    if s.method != "none":
-        parts += [f"tau {s.tau:.2f}", f"accepted {s.acceptance_rate:.0%}"]
-    if update.speedup:
-        parts.append(f"{update.speedup:.2f}x vs plain")
-    if s.cached_tokens:
-        parts.append(f"{s.cached_tokens} cached")
-    if update.finish_reason == "cancelled":
-        parts.append("stopped")
-    return ", ".join(parts)
+    stopped = ("stopped",) if update.finish_reason == "cancelled" else ()
+    return update.stats.summary(update.speedup, *stopped)
 
 
 class PlainChat:
@@ -100,7 +92,7 @@ class PlainChat:
                 self.session.set_temperature(_number(arg))
                 self._say(f"temperature: {self.session.sampling.temperature:g}")
             elif name == "/measure":
-                self._say(f"plain decoding: {self.session.measure_plain():.1f} tok/s")
+                self._say("plain decoding: " + phrase("tokens_per_s", self.session.measure_plain()))
             else:
                 self._say("commands: " + "; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
         except EdgespecError as e:
@@ -112,7 +104,7 @@ class PlainChat:
         with _StopOnSigint(self.session.stop):
             try:
                 for update in self.session.reply(message):
-                    self.stdout.write(ansi(update.pieces, self.color))
+                    self.stdout.write(ansi(update.segments, self.color))
                     self.stdout.flush()
                     last = update
             except EdgespecError as e:

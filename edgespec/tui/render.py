@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from .session import Piece
+from ..stream_text import Segment
 
 DRAFTED_STYLE = "#a6f0bd on #1b3a28"
 """Tokens that came from drafts the target accepted."""
@@ -26,21 +26,21 @@ def printable(text: str) -> str:
     return text.translate(_CONTROL)
 
 
-def styled(pieces, colored: bool = True) -> Text:
+def styled(segments, colored: bool = True) -> Text:
     """Answer runs as rich Text, each styled by where its tokens came from (or plain)."""
     out = Text()
-    for p in pieces:
+    for p in segments:
         style = (DRAFTED_STYLE if p.drafted else TARGET_STYLE) if colored else ""
         out.append(printable(p.text), style=style)
     return out
 
 
-def ansi(pieces: tuple[Piece, ...] | list[Piece], color: bool) -> str:
+def ansi(segments: tuple[Segment, ...] | list[Segment], color: bool) -> str:
     """Answer runs for a terminal line: accepted-draft runs in green when ``color``.
 
     Without colour the text is returned unchanged, so a pipe receives exactly the model's text.
     """
     if not color:
-        return "".join(p.text for p in pieces)
+        return "".join(p.text for p in segments)
     return "".join(f"{_ANSI_DRAFTED}{printable(p.text)}{_ANSI_RESET}" if p.drafted
-                   else printable(p.text) for p in pieces)
+                   else printable(p.text) for p in segments)

@@ -10,8 +10,9 @@ Contract:
 - :class:`EngineThread` is that one thread for an app: MLX streams belong to the thread that made
   them, and MLX 0.32 can abort the process at exit unless each thread that ran MLX releases its
   streams (``mx.clear_streams()``) before it ends; :meth:`EngineThread.close` does that.
-- :meth:`ChatSession.reply` yields :class:`Update` events whose :class:`Piece` runs say which text
-  came from accepted drafts and which the target produced itself (the bonus / corrected token).
+- :meth:`ChatSession.reply` yields :class:`Update` events whose segments (the engine's
+  ``Step.segments``) say which text came from accepted drafts and which the target produced
+  itself (the bonus / corrected token).
 - Each turn sends the whole history through the model's chat template; the engine reuses the KV
   cache of the prefix shared with the previous turn, so earlier turns are not read again
   (``Update.stats.cached_tokens`` says how many prompt tokens were reused).
@@ -27,86 +28,40 @@ import asyncio
 import copy
 import dataclasses
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import NamedTuple
 
 import mlx.core as mx
 
 from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import load_draft, make_drafter
-from ..engine import Engine, Stats, Step
+from ..engine import Engine
 from ..errors import ConfigError
+from ..stats import Stats
+from ..stream_text import Segment
 from ..targets import Target, load
-from ..loading.tokenizer import StreamDecoder, Tokenizer
 
 _MIN_PLAIN_TOKENS = 16  # a plain turn shorter than this gives no usable rate
 _MEASURE_PROMPT = [{"role": "user", "content": "Write two sentences about the sea."}]
-
-
-class Piece(NamedTuple):
-    """A run of answer text, and whether it came from accepted drafts."""
-
-    text: str
-    drafted: bool
 
 
 @dataclasses.dataclass(frozen=True)
 class Update:
     """What one engine step adds to the answer, with a snapshot of the running stats."""
 
-    pieces: tuple[Piece, ...]
+    segments: tuple[Segment, ...]
     stats: Stats
     speedup: float | None = None  # tokens/s against the plain-decoding rate, when known
     finish_reason: str | None = None
 
 
-class StepSplitter:
-    """Splits each Step's text into drafted and target-produced runs.
-
-    ``Step.text`` is authoritative (stop strings hold text back or cut it). A StreamDecoder fed the
-    same ids yields the same text token by token, so the text of each step is the next slice of
-    the decoded stream and every character can be traced to the token that completed it.
-    """
-
-    def __init__(self, tokenizer: Tokenizer):
-        self._decoder = StreamDecoder(tokenizer)
-        self._queue: deque[Piece] = deque()  # decoded, not yet released by the engine
-
-    def split(self, step: Step) -> tuple[Piece, ...]:
-        for i, token in enumerate(step.token_ids):
-            self._push(self._decoder.add(token), drafted=i < step.accepted)
-        if step.finish_reason is not None:
-            self._push(self._decoder.flush(), drafted=False)
-        return self._take(step.text)
-
-    def _push(self, text: str, drafted: bool) -> None:
-        if text:
-            self._queue.append(Piece(text, drafted))
-
-    def _take(self, text: str) -> tuple[Piece, ...]:
-        out, need = [], len(text)
-        while need and self._queue:
-            piece = self._queue.popleft()
-            if len(piece.text) > need:
-                self._queue.appendleft(Piece(piece.text[need:], piece.drafted))
-                piece = Piece(piece.text[:need], piece.drafted)
-            out.append(piece)
-            need -= len(piece.text)
-        if "".join(p.text for p in out) != text:  # cannot happen while both decoders agree
-            self._queue.clear()
-            return (Piece(text, False),) if text else ()
-        return tuple(merge_pieces(out))
-
-
-def merge_pieces(pieces) -> list[Piece]:
+def merge_segments(segments) -> list[Segment]:
     """Adjacent runs of the same kind joined into one."""
-    out: list[Piece] = []
-    for p in pieces:
+    out: list[Segment] = []
+    for p in segments:
         if out and out[-1].drafted == p.drafted:
-            out[-1] = Piece(out[-1].text + p.text, p.drafted)
+            out[-1] = Segment(out[-1].text + p.text, p.drafted)
         elif p.text:
             out.append(p)
     return out
@@ -182,15 +137,14 @@ class ChatSession:
         """Answer the user message ``text``; the answer (even a stopped one) joins the history."""
         self.prepare()
         self.messages.append({"role": "user", "content": text})
-        splitter, answer, finished = StepSplitter(self.target.tokenizer), [], False
+        answer, finished = [], False
         try:
             for step in self.engine.stream(self.messages, generation=self.generation,
                                            sampling=self.sampling):
                 if self._stop.is_set() and step.finish_reason is None:
                     self.engine.cancel()  # also covers a stop that came before the stream began
-                pieces = splitter.split(step)
-                answer.extend(p.text for p in pieces)
-                yield self._update(pieces, step.finish_reason)
+                answer.append(step.text)
+                yield self._update(step.segments, step.finish_reason)
             finished = True
         finally:
             self._stop.clear()  # cleared here, not at the start: a stop may come before that
@@ -211,12 +165,12 @@ class ChatSession:
             self.plain_rate = stats.tokens_per_s
         return self.plain_rate or 0.0
 
-    def _update(self, pieces, finish_reason) -> Update:
+    def _update(self, segments, finish_reason) -> Update:
         stats = copy.copy(self.engine.last_stats)
         speedup = None
         if self.plain_rate and stats.method != "none" and stats.tokens_per_s:
             speedup = stats.tokens_per_s / self.plain_rate
-        return Update(pieces, stats, speedup, finish_reason)
+        return Update(segments, stats, speedup, finish_reason)
 
     def _note_plain_rate(self, stats: Stats) -> None:
         if stats.method == "none" and stats.generated_tokens >= _MIN_PLAIN_TOKENS and self._warm:

@@ -11,9 +11,10 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import LoadingIndicator, Static, TextArea
 
-from ..engine import Stats
+from ..stats import Stats, phrase
+from ..stream_text import Segment
 from .render import DRAFTED_STYLE, TARGET_STYLE, printable, styled
-from .session import Piece, merge_pieces
+from .session import merge_segments
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
 """Keys that insert a new line in the input (Enter sends). Terminals without the kitty keyboard
@@ -66,7 +67,7 @@ class UserMessage(Static):
 
 
 class AnswerView(Static):
-    """The assistant's answer, growing as pieces arrive; styled by where each token came from."""
+    """The assistant's answer, growing as segments arrive; styled by where each token came from."""
 
     DEFAULT_CSS = """
     AnswerView { border: round $success 50%; padding: 0 1; height: auto; }
@@ -75,17 +76,17 @@ class AnswerView(Static):
 
     def __init__(self, label: str, colored: bool = True) -> None:
         super().__init__(Text("…", style="dim"))
-        self.pieces: list[Piece] = []
+        self.segments: list[Segment] = []
         self.colored = colored
         self.border_title = label
 
     @property
     def text(self) -> str:
-        return "".join(p.text for p in self.pieces)
+        return "".join(p.text for p in self.segments)
 
-    def append(self, pieces) -> None:
-        if pieces:
-            self.pieces = merge_pieces([*self.pieces, *pieces])
+    def append(self, segments) -> None:
+        if segments:
+            self.segments = merge_segments([*self.segments, *segments])
             self._redraw()
 
     def set_colored(self, colored: bool) -> None:
@@ -94,7 +95,7 @@ class AnswerView(Static):
 
     def finish(self, note: str) -> None:
         self.border_subtitle = note
-        if not self.pieces:
+        if not self.segments:
             self.update(Text("(no text)", style="dim italic"))
 
     def fail(self, message: str) -> None:
@@ -103,8 +104,8 @@ class AnswerView(Static):
         self.update(Text(message))
 
     def _redraw(self) -> None:
-        if self.pieces:
-            self.update(styled(self.pieces, self.colored))
+        if self.segments:
+            self.update(styled(self.segments, self.colored))
 
 
 class Legend(Static):
@@ -125,16 +126,11 @@ def status_text(state: str, method: str, temperature: float, stats: Stats | None
     shown = method if stats is None or stats.method == method else f"{stats.method} → {method}"
     parts = [(f" {state} ", "bold reverse"), f" {shown}", f"T {temperature:g}"]
     if stats is not None and stats.generated_tokens:
-        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
-        if stats.method != "none":
-            parts += [f"τ {stats.tau:.2f}", f"accepted {stats.acceptance_rate:.0%}"]
-        parts.append(f"{stats.generated_tokens} tokens")
-        if stats.cached_tokens:
-            parts.append(f"{stats.cached_tokens} cached")
+        parts += stats.parts()
     if speedup is not None:
-        parts.append((f"{speedup:.2f}× vs plain", "bold"))
+        parts.append((phrase("speedup", speedup), "bold"))
     elif plain_rate:
-        parts.append(f"plain {plain_rate:.1f} tok/s")
+        parts.append("plain " + phrase("tokens_per_s", plain_rate))
     else:
         parts.append(("speedup: run a plain turn", "dim"))
     text = Text()
