@@ -50,7 +50,10 @@ def _guarded(fn):
               help="recompute every prompt instead of reusing the KV of the last request's prefix")
 @_guarded
 def serve(host, port, api_key, max_tokens_limit, cors_origins, aliases, no_prefix_reuse, **kw):
-    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
+
+    The speculation options are every request's defaults; a request may name another available
+    method and its own values (the same fields, without --draft)."""
     try:
         import uvicorn
 
