@@ -19,22 +19,22 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
 from tqdm import tqdm
 
-from .loading._blas import blas_info
-from .config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import load_draft, make_drafter
+from .config import GenerationConfig, SamplingConfig
+from .drafters import load_draft, make_drafter, registry
 from .engine import Engine
 from .errors import ConfigError
+from .loading._blas import blas_info
 from .stats import format_metric
 from .targets import Target
 
 BASELINE = "none"
-NEEDS_DRAFT = ("draft", "cascade")  # methods that run a separate draft model
 WARMUP_TOKENS = 16
 _STATS = ("generated_tokens", "target_forwards", "proposed", "accepted", "prefill_s",
           "decode_s", "draft_s", "verify_s", "peak_memory_mb")
@@ -95,21 +95,29 @@ def _round_robin(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
     return [prompts[i] for i in sorted(picked[:limit])]
 
 
-def run_bench(target: Target, methods, prompts: list[BenchPrompt], *, max_tokens: int = 128,
-              sampling: SamplingConfig | None = None, draft_ref: str | None = None,
-              draft_target: Target | None = None, num_draft: int = 4, progress: bool = True,
-              prompts_file: str | None = None) -> dict:
+def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
+              generation: GenerationConfig | None = None, sampling: SamplingConfig | None = None,
+              spec: Mapping | None = None, draft_target: Target | None = None,
+              progress: bool = True, prompts_file: str | None = None) -> dict:
     """Benchmark ``methods`` (list or comma string; "none" is always added, first) on ``prompts``.
 
-    ``draft_target`` is a loaded draft model (method "draft"); otherwise ``draft_ref`` is loaded
-    once. Returns ``{"methods": ..., "env": ..., "prompts": [per-prompt rows]}`` (see module doc).
+    ``spec`` holds the SpecConfig options every method shares (``draft``, ``num_draft``, ...; an
+    exclusive one such as ``exit_layer`` goes only to the methods that read it).
+    ``generation`` defaults to bench's own (``options.SURFACES["bench"]``: 128 new tokens).
+    ``draft_target`` is a loaded draft model; otherwise ``spec["draft"]`` is loaded once.
+    Returns ``{"methods": ..., "env": ..., "prompts": [per-prompt rows]}`` (see module doc).
     """
+    from .options import config, spec_for, values
+
     sampling = sampling or SamplingConfig()
-    specs = _specs(methods, draft_ref, draft_target, num_draft)
-    GenerationConfig(max_tokens=max_tokens)  # validates max_tokens
+    generation = generation or config(GenerationConfig, values("bench", {}))
+    shared = dict(spec or {})
+    if draft_target is not None and "draft" not in shared:
+        shared["draft"] = str(draft_target.path or draft_target.name)
+    specs = {m: spec_for(m, shared) for m in [BASELINE, *method_names(methods)]}
     if not prompts:
         raise ConfigError("no prompts to benchmark; give a prompts file with at least one line")
-    uses_draft = [m for m in specs if m in NEEDS_DRAFT or (m == "auto" and specs[m].draft)]
+    uses_draft = [m for m, s in specs.items() if registry.get(m).uses_draft(s.draft)]
     if uses_draft and draft_target is None:
         draft_target = load_draft(specs[uses_draft[0]].draft, target)
 
@@ -118,36 +126,36 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *, max_tokens
                                draft=draft_target if name in uses_draft else None)
         return Engine(target, drafter, sampling)
 
+    warmup = GenerationConfig(min(generation.max_tokens, WARMUP_TOKENS), generation.stop)
     for name in specs:  # warm-up: first-call allocations and lazy setup, not counted
-        engine_for(name).generate(_messages(prompts[0]), max_tokens=min(max_tokens, WARMUP_TOKENS))
-    rows = _run_all(engine_for, list(specs), prompts, max_tokens, sampling.greedy, progress)
+        engine_for(name).generate(_messages(prompts[0]), generation=warmup)
+    rows = _run_all(engine_for, list(specs), prompts, generation, sampling.greedy, progress)
     report = summarize(rows)
-    report["env"] = environment(target, max_tokens=max_tokens, num_prompts=len(prompts),
+    report["env"] = environment(target, max_tokens=generation.max_tokens, num_prompts=len(prompts),
                                 prompts_file=prompts_file, sampling=sampling,
-                                draft=draft_target if uses_draft else None, num_draft=num_draft)
+                                draft=draft_target if uses_draft else None,
+                                num_draft=specs[BASELINE].num_draft)
     report["prompts"] = [{k: _round(v, 4) for k, v in r.items()} for r in rows]
     return report
 
 
-def _specs(methods, draft_ref, draft_target, num_draft) -> dict[str, SpecConfig]:
+def method_names(methods) -> list[str]:
+    """Method names from a list or a comma-separated string, each checked against the registry,
+    without repeats and without the baseline (which every run has anyway)."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods)]
-    bad = [m for m in names if m not in METHODS]
+    bad = [m for m in names if m not in registry.NAMES]
     if bad:
-        raise ConfigError(f"unknown method(s) {', '.join(map(repr, bad))}; choose from: {', '.join(METHODS)}")
-    draft = draft_ref or (str(draft_target.path or draft_target.name) if draft_target else None)
-    order = [BASELINE] + [m for m in dict.fromkeys(names) if m != BASELINE]
-    return {m: SpecConfig(method=m, draft=draft if m in NEEDS_DRAFT or m == "auto" else None,
-                          num_draft=num_draft,
-                          max_draft=max(12, num_draft) if isinstance(num_draft, int) else 12)
-            for m in order}
+        raise ConfigError(f"unknown method(s) {', '.join(map(repr, bad))}; "
+                          f"choose from: {', '.join(registry.NAMES)}")
+    return [m for m in dict.fromkeys(names) if m != BASELINE]
 
 
 def _messages(prompt: BenchPrompt) -> list[dict]:
     return [{"role": "user", "content": prompt.text}]
 
 
-def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt], max_tokens: int,
-             greedy: bool, progress: bool) -> list[dict]:
+def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
+             generation: GenerationConfig, greedy: bool, progress: bool) -> list[dict]:
     """Per prompt, every method in turn (baseline first); one row per (prompt, method)."""
     rows = []
     with tqdm(total=len(prompts) * len(names), desc="bench", unit="gen", file=sys.stderr,
@@ -156,7 +164,7 @@ def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt], max_token
             baseline_ids = None
             for name in names:
                 bar.set_postfix_str(f"{p.category} #{p.id} {name}")
-                result = engine_for(name).generate(_messages(p), max_tokens=max_tokens)
+                result = engine_for(name).generate(_messages(p), generation=generation)
                 baseline_ids = result.token_ids if name == BASELINE else baseline_ids
                 row = {"prompt": i, "id": p.id, "category": p.category, "method": name}
                 row.update({k: getattr(result.stats, k) for k in _STATS})

@@ -1,24 +1,22 @@
-"""The ``edgespec`` command: generate, bench, doctor, make-draft.
+"""The ``edgespec`` command: generate, bench, doctor, make-draft (serve and chat load lazily).
 
-Options for sampling and speculation are generated from the config dataclasses (``options_for``)
-and validated by constructing them, so the CLI, the server and the Python API accept the same
-values with the same messages. Any EdgespecError becomes one line on stderr and exit status 2.
+Options for the model, speculation, sampling and generation are generated from the config
+dataclasses (``options.py``) and validated by constructing them, so the CLI, the server and the
+Python API accept the same values with the same messages. Any EdgespecError becomes one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import sys
 
 import click
 
-from .config import DTYPES, METHODS, GenerationConfig, SamplingConfig, SpecConfig
+from . import options
+from .drafters.registry import NAMES
 from .errors import EdgespecError
-
-_FLAG_NAMES = {"temperature": "temp", "max_tokens": "max-tokens"}
-_SKIP = {"adaptive", "max_draft", "stop"}
 
 
 def _fail(message: str) -> None:
@@ -39,55 +37,9 @@ def guarded(fn):
             click.echo("\nedgespec: interrupted", err=True)
             sys.exit(130)
         except OSError as e:
-            _fail(f"{e.strerror or e}: {e.filename}" if getattr(e, "filename", None) else str(e))
+            _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
 
     return wrapper
-
-
-def _click_type(f: dataclasses.Field):
-    """click type from a field's annotation ('int | None' -> int); None lets click infer (bool)."""
-    annotation = str(f.type)
-    for name, kind in (("bool", None), ("int", int), ("float", float), ("str", str)):
-        if annotation.startswith(name):
-            return kind
-    return str
-
-
-def options_for(*classes):
-    """click options for the fields of config dataclasses (types and help from the definitions)."""
-
-    def decorate(fn):
-        for cls in reversed(classes):
-            for f in reversed(dataclasses.fields(cls)):
-                if f.name in _SKIP or f.name == "method":
-                    continue
-                flag = "--" + _FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
-                kind = _click_type(f)
-                fn = click.option(flag, f.name, type=kind, default=None, show_default=False,
-                                  help=f"{f.metadata.get('help', '')} [default: {f.default}]")(fn)
-        return fn
-
-    return decorate
-
-
-def build_configs(kw: dict, method: str) -> tuple[SamplingConfig, SpecConfig, GenerationConfig]:
-    """Config objects from parsed options; unset options keep the dataclass defaults."""
-
-    def pick(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        return {k: v for k, v in kw.items() if k in names and v is not None}
-
-    spec_kw = pick(SpecConfig)
-    return (SamplingConfig(**pick(SamplingConfig)), SpecConfig(method=method, **spec_kw),
-            GenerationConfig(**pick(GenerationConfig)))
-
-
-method_option = click.option("--method", default="none", show_default=True,
-                             type=click.Choice(METHODS), help="drafting method")
-model_option = click.option("--model", "model_ref", default="demo", show_default=True,
-                            help="HF repo id, local model dir, .gguf file, or 'demo'")
-dtype_option = click.option("--dtype", default=None, type=click.Choice(DTYPES),
-                            help="weight dtype [default: float32 on CPU, native on GPU]")
 
 
 class LazyGroup(click.Group):
@@ -126,105 +78,105 @@ def main() -> None:
     """edgespec: speculative decoding for local LLMs on MLX — faster, same output."""
 
 
-def load_engine(model_ref: str, dtype, sampling: SamplingConfig, spec: SpecConfig):
+def load_engine(c: options.Configs):
     from . import Engine, load, make_drafter
 
-    target = load(model_ref, dtype=dtype)
-    return Engine(target, make_drafter(spec, target, sampling), sampling)
+    target = load(c.model.model, dtype=c.model.dtype)
+    return Engine(target, make_drafter(c.spec, target, c.sampling), c.sampling)
 
 
 @main.command()
-@model_option
-@method_option
-@options_for(SpecConfig, SamplingConfig, GenerationConfig)
-@click.option("--stop", multiple=True, help="stop string (repeatable)")
+@options.click_options("generate")
 @click.option("--system", default=None, help="system message")
 @click.option("--raw", is_flag=True, help="send the prompt as raw text, not as a chat message")
-@dtype_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object with text, token_ids, stats")
 @click.argument("prompt")
 @guarded
-def generate(model_ref, method, prompt, system, raw, dtype, as_json, stop, **kw):
+def generate(prompt, system, raw, as_json, **kw):
     """Generate a reply to PROMPT (as a chat message unless --raw)."""
-    sampling, spec, gen = build_configs(dict(kw, stop=stop), method)
+    c = options.configs("generate", kw)
     if not prompt.strip():
         raise EdgespecError("the prompt is empty; give some text")
-    engine = load_engine(model_ref, dtype, sampling, spec)
+    engine = load_engine(c)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     query = prompt if raw else messages
     if as_json:
-        res = engine.generate(query, generation=gen)
+        res = engine.generate(query, generation=c.generation)
         out = {"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                "method": engine.method, "stats": res.stats.as_dict()}
         click.echo(json.dumps(out))
         return
-    for step in engine.stream(query, generation=gen):
+    for step in engine.stream(query, generation=c.generation):
         click.echo(step.text, nl=False)
     click.echo()
     click.echo(engine.last_stats.summary(), err=True)
 
 
 @main.command()
-@model_option
+@options.click_options("bench")
 @click.option("--prompts", "prompts_file", required=True, help="jsonl with 'turns' and 'category'")
-@click.option("--methods", default="none,draft", show_default=True, help="comma-separated methods")
-@click.option("--draft", default=None, help="draft model reference (method 'draft')")
-@click.option("--num-draft", default=4, show_default=True, type=int, help="draft tokens per step")
-@click.option("--max-tokens", default=128, show_default=True, type=int, help="new tokens per prompt")
+@click.option("--methods", default="none,draft", show_default=True,
+              help="comma-separated methods: " + ", ".join(NAMES))
 @click.option("--limit", default=None, type=int, help="use N prompts (round-robin over categories)")
 @click.option("--json", "json_out", default=None, help="write the full report as JSON to this file")
-@dtype_option
+@click.option("--plot", "plot_out", default=None,
+              help="draw speedup and τ per method × category to this file (.png or .svg)")
 @guarded
-def bench(model_ref, prompts_file, methods, draft, num_draft, max_tokens, limit, json_out, dtype):
+def bench(prompts_file, methods, limit, json_out, plot_out, **kw):
     """Measure methods against plain decoding, in one process, over a prompts file."""
     from . import bench as benchmod
+    from .bench_plot import check_plot_path, plot_report
+    from .config import GenerationConfig, ModelConfig, SamplingConfig
     from .targets import load
 
-    names = [m.strip() for m in methods.split(",") if m.strip()]
-    for m in names:
-        SpecConfig(method=m, draft=draft or ("-" if m in benchmod.NEEDS_DRAFT else None),
-                   num_draft=num_draft)
-    needing = [m for m in names if m in benchmod.NEEDS_DRAFT]
-    if needing and not draft:
-        raise EdgespecError(f"method {needing[0]!r} needs --draft REF (make one with `edgespec make-draft`)")
-    GenerationConfig(max_tokens=max_tokens)
+    v = options.values("bench", kw)
+    model, sampling = options.config(ModelConfig, v), options.config(SamplingConfig, v)
+    generation = options.config(GenerationConfig, v)
+    names = benchmod.method_names(methods)
+    for m in names:  # every method's settings are checked before anything is loaded
+        options.spec_for(m, v)
+    if plot_out:
+        check_plot_path(plot_out)
     if limit is not None and limit < 1:
         raise EdgespecError(f"--limit must be >= 1, got {limit}")
     prompts = benchmod.load_prompts(prompts_file, limit=limit)
-    target = load(model_ref, dtype=dtype)
-    report = benchmod.run_bench(target, names, prompts, max_tokens=max_tokens, draft_ref=draft,
-                                num_draft=num_draft, prompts_file=prompts_file)
+    target = load(model.model, dtype=model.dtype)
+    report = benchmod.run_bench(target, names, prompts, generation=generation, sampling=sampling,
+                                spec=v, prompts_file=prompts_file)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
+    if plot_out:
+        plot_report(report, plot_out)
     click.echo(benchmod.report_markdown(report))
 
 
 @main.command("make-draft")
-@model_option
+@options.click_options("make-draft")
 @click.option("--layers", required=True, type=int, help="keep the first N layers")
 @click.option("--out", "out_dir", required=True, help="output model directory")
 @guarded
-def make_draft(model_ref, layers, out_dir):
+def make_draft(layers, out_dir, **kw):
     """Write a draft model made of the target's first N layers, final norm and LM head."""
     from .loading.hub import resolve_model
     from .targets.derive import truncate_model
 
-    path = truncate_model(resolve_model(model_ref), layers, out_dir)
-    click.echo(f"wrote {path} ({layers} layers of {model_ref})")
+    model = options.configs("make-draft", kw).model.model
+    path = truncate_model(resolve_model(model), layers, out_dir)
+    click.echo(f"wrote {path} ({layers} layers of {model})")
 
 
 @main.command()
-@model_option
-@dtype_option
+@options.click_options("doctor")
 @click.option("--json", "as_json", is_flag=True, help="print the findings as JSON")
 @guarded
-def doctor(model_ref, dtype, as_json):
+def doctor(as_json, **kw):
     """Report backend, BLAS, and forward timings (1 vs 8 tokens) and plain decoding speed."""
     from .doctor import format_findings, run_doctor
 
-    findings = run_doctor(model_ref, dtype)
+    model = options.configs("doctor", kw).model
+    findings = run_doctor(model.model, model.dtype)
     click.echo(json.dumps(findings, indent=2) if as_json else format_findings(findings))
 
 

@@ -2,7 +2,10 @@
 
 Each dataclass validates itself in ``__post_init__`` and raises :class:`ConfigError` naming the
 bad value and the allowed range, so every surface gets the same checks and the same messages.
-Each field carries ``metadata["help"]``; the CLI builds its options from these definitions.
+These classes are the one definition of every option: ``options.py`` generates the CLI flags, the
+server's request fields and the configs built from either from their fields (a field's
+``metadata["help"]`` is its help text; ``metadata["choices"]`` its allowed values).
+The method names come from the drafter registry (``drafters/registry.py``).
 """
 
 from __future__ import annotations
@@ -10,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .drafters import registry
 from .errors import ConfigError
 
-METHODS = ("none", "draft", "lookup", "lookahead", "early-exit", "layer-skip", "quantized", "cascade",
-           "auto")
-"""Drafting methods the engine knows; extended as drafters are added."""
+METHODS = registry.NAMES
+"""Drafting methods the engine knows, in the registry's order."""
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+MAX_DRAFT = 12
+"""``max_draft`` when not given: this, or ``num_draft`` when that is larger."""
 
 
 def _check(ok: bool, message: str) -> None:
@@ -59,30 +64,53 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Which drafter proposes tokens and how many per step."""
+    """Which drafter proposes tokens and how many per step.
 
-    method: str = field(default="none", metadata={"help": "drafting method: " + ", ".join(METHODS)})
-    draft: str | None = field(default=None, metadata={"help": "draft model reference (method 'draft')"})
+    A field whose metadata says ``exclusive`` is an option of the methods that read it (the
+    registry's ``reads``): setting it for another method is an error, not silently ignored.
+    """
+
+    method: str = field(default="none", metadata={
+        "help": "drafting method: " + ", ".join(METHODS), "choices": METHODS})
+    draft: str | None = field(default=None, metadata={
+        "help": "draft model reference (methods " + ", ".join(registry.readers("draft")) + ")"})
     num_draft: int = field(default=4, metadata={"help": "draft tokens per step (the starting length if adaptive)"})
     adaptive: bool = field(default=True, metadata={"help": "grow/shrink the draft length with acceptance"})
-    max_draft: int = field(default=12, metadata={"help": "upper bound for the adaptive draft length"})
-    exit_layer: int | None = field(default=None, metadata={"help": "layers the early-exit draft runs (method 'early-exit'); default: calibrated"})
+    max_draft: int | None = field(default=None, metadata={
+        "help": f"upper bound for the adaptive draft length; default: max({MAX_DRAFT}, num_draft)"})
+    exit_layer: int | None = field(default=None, metadata={
+        "help": "layers the early-exit draft runs (method 'early-exit'); default: calibrated",
+        "exclusive": True})
     draft_bits: int = field(default=4, metadata={"help": "bits of the quantized self-draft (method 'quantized'): 2, 3, 4 or 8"})
 
     def __post_init__(self) -> None:
-        _check(self.method in METHODS,
-               f"unknown method {self.method!r}; choose one of: {', '.join(METHODS)}")
-        n, mx_ = self.num_draft, self.max_draft
+        method = registry.get(self.method) if isinstance(self.method, str) else None
+        _check(method is not None, f"method must be a string, one of: {', '.join(METHODS)}; "
+                                   f"got {self.method!r}")
+        n = self.num_draft
         _check(_is_int(n) and 1 <= n <= 64, f"num_draft must be an integer in [1, 64], got {n!r}")
-        _check(_is_int(mx_) and n <= mx_ <= 64, f"max_draft must be an integer in [num_draft, 64], got {mx_!r}")
-        _check(not (self.method in ("draft", "cascade") and not self.draft),
+        if self.max_draft is None:
+            object.__setattr__(self, "max_draft", max(MAX_DRAFT, n))
+        m = self.max_draft
+        _check(_is_int(m) and n <= m <= 64, f"max_draft must be an integer in [num_draft, 64] "
+                                            f"(num_draft is {n}; CLI: --max-draft), got {m!r}")
+        _check(isinstance(self.adaptive, bool), f"adaptive must be true or false, got {self.adaptive!r}")
+        d = self.draft
+        _check(d is None or (isinstance(d, str) and d.strip()),
+               f"draft must be a model reference (a non-empty string) or None, got {d!r}")
+        _check(not (method.needs_draft and d is None),
                f"method {self.method!r} needs a draft model: pass draft=REF (CLI: --draft REF)")
+        _check(not method.needs_head, f"method {self.method!r} needs a trained head, which this "
+                                      "version cannot load yet")
         e = self.exit_layer
         _check(e is None or (_is_int(e) and e >= 1), f"exit_layer must be an integer >= 1, got {e!r}")
-        _check(e is None or self.method == "early-exit",
-               f"exit_layer applies to method 'early-exit' only (method is {self.method!r})")
         _check(self.draft_bits in (2, 3, 4, 8) and _is_int(self.draft_bits),
                f"draft_bits must be 2, 3, 4 or 8, got {self.draft_bits!r}")
+        for f in dataclasses.fields(self):
+            if f.metadata.get("exclusive") and vars(self)[f.name] != f.default:
+                owners = registry.readers(f.name)
+                _check(f.name in method.reads, f"{f.name} applies to method "
+                       f"{' or '.join(map(repr, owners))} only (method is {self.method!r})")
 
 
 @dataclass(frozen=True)
@@ -94,16 +122,28 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         n = self.max_tokens
-        _check(_is_int(n) and 1 <= n <= 1_000_000, f"max_tokens must be an integer >= 1, got {n!r}")
+        _check(_is_int(n) and 1 <= n <= 1_000_000,
+               f"max_tokens must be an integer in [1, 1000000], got {n!r}")
         stop = self.stop
         if isinstance(stop, str):
             object.__setattr__(self, "stop", (stop,))
         elif isinstance(stop, list):
             object.__setattr__(self, "stop", tuple(stop))
-        _check(all(isinstance(s, str) and s for s in self.stop),
-               f"stop must be non-empty strings, got {self.stop!r}")
+        _check(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
+               f"stop must be a non-empty string or a list of them, got {self.stop!r}")
 
 
-def fields_of(cls) -> list[dataclasses.Field]:
-    """The dataclass fields of a config class, for building CLI options and request schemas."""
-    return list(dataclasses.fields(cls))
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model is loaded, and in which dtype."""
+
+    model: str = field(default="demo", metadata={"help": "HF repo id, local model dir, .gguf file, or 'demo'"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "weight dtype; default: float32 on CPU, native on GPU", "choices": DTYPES})
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.model, str) and self.model.strip(),
+               f"model must be a model reference (a non-empty string), got {self.model!r}")
+        _check(self.dtype is None or self.dtype in DTYPES,
+               f"dtype must be one of: {', '.join(DTYPES)} (or None for the default), got {self.dtype!r}")
+

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
-from edgespec.drafters import AutoDrafter, DraftModelDrafter, PromptLookupDrafter
+from edgespec.drafters.auto import AutoDrafter
 from edgespec.drafters.base import Drafter
+from edgespec.drafters.draft_model import DraftModelDrafter
+from edgespec.drafters.lookup import PromptLookupDrafter
 from edgespec.targets import load_target
 from edgespec.tree import DraftTree
 

@@ -9,7 +9,13 @@ import json
 import pytest
 from rich.console import Console
 
+from click.testing import CliRunner
+
 from edgespec.bench import BenchPrompt, format_report, load_prompts, report_markdown, run_bench, summarize
+from edgespec.bench_plot import plot_report
+from edgespec.cli import main
+from edgespec.config import GenerationConfig
+from edgespec.drafters import registry
 from edgespec.errors import ConfigError
 from edgespec.targets import load_target
 
@@ -28,16 +34,26 @@ def write_jsonl(path, objs) -> str:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return load_target(make_tiny_model(tmp_path_factory.mktemp("tiny")), dtype="float32")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
-def report(target, tmp_path_factory):
-    path = write_jsonl(tmp_path_factory.mktemp("prompts") / "p.jsonl", PROMPTS)
-    prompts = load_prompts(path)
-    return run_bench(target, ["draft"], prompts, max_tokens=12, draft_target=target, num_draft=3,
-                     progress=False, prompts_file=path)
+def target(model_dir):
+    return load_target(model_dir, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("prompts") / "p.jsonl", PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def report(target, prompts_file):
+    prompts = load_prompts(prompts_file)
+    return run_bench(target, ["draft"], prompts, generation=GenerationConfig(max_tokens=12),
+                     draft_target=target, spec={"num_draft": 3}, progress=False,
+                     prompts_file=prompts_file)
 
 
 def test_self_draft_oracle_report(report):
@@ -140,10 +156,40 @@ def test_load_prompts_errors(tmp_path, content, message):
 
 def test_bad_methods_and_missing_draft(target):
     prompts = [BenchPrompt(1, "a", "hello")]
-    with pytest.raises(ConfigError, match="choose from: none, draft") as e:
+    with pytest.raises(ConfigError, match="choose from: " + ", ".join(registry.NAMES)) as e:
         run_bench(target, ["none", "magic"], prompts, progress=False)
     assert "'magic'" in str(e.value)
     with pytest.raises(ConfigError, match="needs a draft model"):
         run_bench(target, "none,draft", prompts, progress=False)
     with pytest.raises(ConfigError, match="no prompts"):
         run_bench(target, ["none"], [], progress=False)
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")])
+def test_plot_writes_png_and_svg(report, tmp_path, suffix, magic):
+    path = plot_report(report, tmp_path / f"bench{suffix}")
+    data = path.read_bytes()
+    assert data.startswith(magic) and len(data) > 5000
+    if suffix == ".svg":
+        assert b"plain decoding" in data and b"</svg>" in data
+
+
+def test_plot_refuses_other_formats(report, tmp_path):
+    with pytest.raises(ConfigError, match=r"\.png or \.svg.*bench\.jpg"):
+        plot_report(report, tmp_path / "bench.jpg")
+
+
+def test_bench_command_takes_sampling_and_spec_flags(model_dir, prompts_file, tmp_path):
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["bench", "--model", str(model_dir), "--prompts", prompts_file, "--methods", "lookup",
+            "--max-tokens", "6", "--limit", "2", "--temperature", "0.8", "--top-k", "20",
+            "--top-p", "0.9", "--min-p", "0.01", "--seed", "3", "--num-draft", "16",
+            "--max-draft", "20", "--json", str(out_json), "--plot", str(out_png)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    env = json.loads(out_json.read_text())["env"]
+    assert env["max_tokens"] == 6 and env["num_prompts"] == 2
+    assert env["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.01, "seed": 3}
+    assert out_png.read_bytes().startswith(b"\x89PNG")
+    bad = CliRunner().invoke(main, [*args[:7], "--plot", str(tmp_path / "r.gif")])
+    assert bad.exit_code == 2 and "r.gif" in bad.output

@@ -56,6 +56,15 @@ def test_make_draft_and_draft_method_match_plain(models):
     assert oracle["token_ids"] == plain["token_ids"] and oracle["stats"]["acceptance_rate"] == 1.0
 
 
+def test_num_draft_above_the_default_max_draft(models):
+    plain = gen_json(models["target"])
+    out = gen_json(models["target"], "--method", "lookup", "--num-draft", "16")
+    assert out["token_ids"] == plain["token_ids"]
+    code, text = run("generate", "--model", models["target"], "--num-draft", "16", "--max-draft",
+                     "8", "hi")
+    assert code == 2 and "--max-draft" in text and "8" in text
+
+
 def test_plain_streaming_output(models):
     code, out = run("generate", "--model", models["target"], "--max-tokens", "8", "--raw", "hello")
     assert code == 0 and "tok/s" in out
@@ -65,6 +74,8 @@ def test_plain_streaming_output(models):
     (["generate", "--model", "{target}", "   "], "prompt is empty"),
     (["generate", "--model", "{target}", "--max-tokens", "0", "hi"], "max_tokens"),
     (["generate", "--model", "{target}", "--temp", "-1", "hi"], "temperature"),
+    (["generate", "--model", "{target}", "--temperature", "-1", "hi"], "temperature"),
+    (["generate", "--model", "{target}", "--method", "lookup", "--exit-layer", "2", "hi"], "early-exit"),
     (["generate", "--model", "{target}", "--top-p", "1.5", "hi"], "top_p"),
     (["generate", "--model", "/no/such/model", "hi"], "/no/such/model"),
     (["generate", "--model", "{target}", "--method", "draft", "hi"], "draft"),

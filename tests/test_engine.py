@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from edgespec import Engine, SamplingConfig
-from edgespec.drafters import DraftModelDrafter
 from edgespec.drafters.base import Drafter
+from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.targets import load_target
 from edgespec.tree import DraftTree
 

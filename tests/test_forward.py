@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from edgespec.targets import load_target
-from edgespec.targets import llama
 from edgespec.kernels.attention import attend
 from edgespec.kernels.activations import silu
 from edgespec.kernels.fused_block import COMPILE_MAX_TOKENS

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from edgespec import Engine, SamplingConfig
-from edgespec.drafters import DraftModelDrafter
+from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.drafters.cascade import CascadeDrafter
 from edgespec.drafters.quantized import QuantizedDrafter, make_quantized_draft
 from edgespec.errors import ConfigError

@@ -206,7 +206,7 @@ def test_concurrent_clients_equal_their_single_request_outputs(live):
     def request(i: int) -> str:
         c = live.client()
         messages = [{"role": "user", "content": f"request {i}: " + "the quick brown fox " * (i % 3 + 1)}]
-        kw = {"max_tokens": 16 + 4 * i, "extra_body": {"method": METHODS[i % 2]}}
+        kw = {"max_tokens": 16 + 4 * i, "extra_body": {"method": ("none", "draft")[i % 2]}}
         if i % 4 == 3:
             return c.completions.create(model="gpt-4o-mini", prompt=messages[0]["content"],
                                         temperature=0, **kw).choices[0].text
@@ -365,6 +365,21 @@ def test_bad_chat_input(live, case):
         assert "not valid JSON" in err["message"]
     if case in ("temperature negative", "num_draft zero"):  # the config dataclasses' own messages
         assert err["message"].startswith(("temperature must", "num_draft must"))
+    if case == "unknown method":  # the registry's methods, all of them
+        assert "'magic'" in err["message"] and ", ".join(METHODS) in err["message"]
+
+
+def test_request_schema_comes_from_the_configs(live):
+    """The generated request fields: every config option but the server-only draft, with the
+    registry's methods as the documented choices of ``method``."""
+    schema = httpx.get(live.url + "/openapi.json").json()["components"]["schemas"]
+    fields = schema["ChatCompletionRequest"]["properties"]
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop", "method",
+                 "num_draft", "max_draft", "adaptive", "exit_layer", "draft_bits"):
+        assert name in fields, name
+    assert "draft" not in fields
+    assert fields["method"]["anyOf"][0]["enum"] == list(METHODS)
+    assert "--max-tokens-limit" in fields["max_tokens"]["description"]
 
 
 @pytest.mark.parametrize("body, param", [
@@ -438,8 +453,8 @@ def test_api_key_and_cors(model_dir):
 def test_serve_command_options_and_errors(tmp_path):
     runner = CliRunner()
     out = runner.invoke(serve, ["--help"]).output
-    for flag in ("--model", "--method", "--draft", "--host", "--port", "--api-key",
-                 "--max-tokens-limit", "--cors-origin"):
+    for flag in ("--model", "--method", "--draft", "--num-draft", "--max-draft", "--dtype",
+                 "--host", "--port", "--api-key", "--max-tokens-limit", "--cors-origin"):
         assert flag in out
     r = runner.invoke(serve, ["--model", str(tmp_path / "missing"), "--port", "0"])
     assert r.exit_code == 2 and "edgespec: error:" in r.output and "no such file" in r.output

@@ -10,7 +10,7 @@ import pytest
 from edgespec.errors import ConfigError, TokenizerError
 from edgespec.loading.tokenizer import CHATML_TEMPLATE, StreamDecoder, Tokenizer
 
-from ._gguf_fixtures import CHAT_TEMPLATE, SPECIALS, TOKENS, write_tokenizer_dir
+from ._gguf_fixtures import SPECIALS, TOKENS, write_tokenizer_dir
 
 TEXTS = ["Hello world", "the 2024 café", "naïve – ünïcödé 日本語 😀🎉", "  spaces\n\ttabs  ",
          "<|im_start|>user\nhi<|im_end|>", ""]

@@ -141,6 +141,27 @@ def test_session_stop_before_the_stream_begins(tiny):
     assert list(session.reply("again"))[-1].finish_reason == "length"  # the stop was used up
 
 
+def test_session_methods_and_draft_needs_come_from_the_registry(tiny):
+    """The palette lists the registry's methods this session can run: those needing a draft
+    model (draft, cascade) only with --draft, which is then loaded once for all of them."""
+    from edgespec import load
+    from edgespec.drafters import registry
+    from edgespec.errors import ConfigError
+
+    target = load(tiny)
+    alone = ChatSession(target, spec=SpecConfig(method="lookup"))
+    assert alone.methods == list(registry.available(None)) and "cascade" not in alone.methods
+    with pytest.raises(ConfigError, match="--draft REF to use 'cascade'"):
+        alone.set_method("cascade")
+    drafted = ChatSession(target, spec=SpecConfig(method="early-exit", exit_layer=1, draft=tiny))
+    assert drafted.methods == list(registry.NAMES)
+    for method in ("cascade", "lookup", "draft"):  # exit_layer stays with early-exit
+        drafted.set_method(method)
+        drafted.prepare()
+        assert drafted.engine.method == method
+    assert drafted._draft is not None
+
+
 # the Textual app -----------------------------------------------------------------------------
 
 def test_send_streams_both_styles_and_toggle(tiny, monkeypatch):

@@ -1,10 +1,11 @@
 """``edgespec serve``: the click command (registered by ``edgespec/cli.py``).
 
-Contract: importing this module needs only click and edgespec's config; fastapi and uvicorn are
+Contract: importing this module needs only click and edgespec's options; fastapi and uvicorn are
 imported when the command runs, so the rest of the CLI starts without loading them. Errors
 go through ``edgespec.cli.guarded`` (looked up when the command runs, so ``edgespec.cli`` can
 import this module at any point). The model is loaded, with progress, before the socket is served;
-the URL is printed once the port is bound.
+the URL is printed once the port is bound. The model and speculation options are generated from
+the config dataclasses (``options.SURFACES["serve"]``); they are every request's defaults.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 
 import click
 
-from ..config import DTYPES, METHODS, SpecConfig, fields_of
+from .. import options
+from ..config import ModelConfig, SpecConfig
 from ..errors import EdgespecError
 
 
@@ -30,21 +32,8 @@ def _guarded(fn):
     return wrapper
 
 
-def _spec_help(name: str) -> str:
-    return next(f.metadata["help"] for f in fields_of(SpecConfig) if f.name == name)
-
-
 @click.command("serve")
-@click.option("--model", "model_ref", default="demo", show_default=True,
-              help="HF repo id, local model dir, .gguf file, or 'demo'")
-@click.option("--method", default=None, type=click.Choice(METHODS),
-              help="default drafting method (a request may pick another available one) "
-                   "[default: the best available: 'draft' with --draft, else 'none']")
-@click.option("--draft", default=None, help=_spec_help("draft"))
-@click.option("--num-draft", default=SpecConfig.num_draft, show_default=True, type=int,
-              help=_spec_help("num_draft"))
-@click.option("--dtype", default=None, type=click.Choice(DTYPES),
-              help="weight dtype [default: float32 on CPU, native on GPU]")
+@options.click_options("serve")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to bind (loopback unless you say otherwise)")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
@@ -60,9 +49,11 @@ def _spec_help(name: str) -> str:
 @click.option("--no-prefix-reuse", is_flag=True,
               help="recompute every prompt instead of reusing the KV of the last request's prefix")
 @_guarded
-def serve(model_ref, method, draft, num_draft, dtype, host, port, api_key, max_tokens_limit,
-          cors_origins, aliases, no_prefix_reuse):
-    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+def serve(host, port, api_key, max_tokens_limit, cors_origins, aliases, no_prefix_reuse, **kw):
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
+
+    The speculation options are every request's defaults; a request may name another available
+    method and its own values (the same fields, without --draft)."""
     try:
         import uvicorn
 
@@ -70,12 +61,15 @@ def serve(model_ref, method, draft, num_draft, dtype, host, port, api_key, max_t
     except ImportError as e:
         raise EdgespecError(f"`edgespec serve` needs fastapi and uvicorn ({e}); "
                             "install them with: pip install fastapi uvicorn") from e
+    v = options.values("serve", kw)
+    model, draft = options.config(ModelConfig, v).model, v.get("draft")
     settings = ServerSettings(
-        model=model_ref, method=method, draft=draft, num_draft=num_draft, dtype=dtype,
-        api_key=api_key, max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins),
+        model=model, method=v["method"], draft=draft, dtype=v.get("dtype"),
+        spec_options=options.pick(SpecConfig, v, skip=("method", "draft")), api_key=api_key,
+        max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins),
         aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)
     sock = _bind(host, port)  # before loading: a busy port fails in a second, not after the load
-    click.echo(f"edgespec: loading {model_ref}" + (f" (draft {draft})" if draft else ""), err=True)
+    click.echo(f"edgespec: loading {model}" + (f" (draft {draft})" if draft else ""), err=True)
     t0 = time.perf_counter()
     state = ServerState.start(settings)
     try:

@@ -6,21 +6,22 @@ that ``errors.py`` maps to a 4xx: ``ModelNotFoundError`` for a model name the se
 serve, ``RequestError`` for an unsupported field value, ``ConfigError`` (from the config
 dataclasses, message unchanged) for a bad sampling / stop / method value,
 ``ContextOverflowError`` for a prompt that does not fit. Encoding happens here, on the request's
-thread, so a bad request is answered at once rather than after the queue.
+thread, so a bad request is answered at once rather than after the queue. The generated fields
+(``options.SURFACES["request"]``) become configs through ``options``, with that surface's
+defaults (OpenAI's temperature 1; the server's --max-tokens-limit and speculation options).
 """
 
 from __future__ import annotations
 
+from .. import options
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
-from ..errors import ContextOverflowError
+from ..drafters import registry
+from ..errors import ConfigError, ContextOverflowError
 from ..prompt import check_context, encode_prompt
 from .errors import ModelNotFoundError, RequestError
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
-from .state import ServerState, spec_config
+from .state import ServerState
 from .worker import GenRequest
-
-# OpenAI's defaults for fields a request leaves out (temperature 1 samples, as OpenAI does).
-_OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0}
 
 
 def chat_request(body: ChatCompletionRequest, state: ServerState) -> GenRequest:
@@ -72,22 +73,24 @@ def _configs(body: GenerationFields, state: ServerState, max_tokens: int | None,
     if max_tokens is not None and max_tokens > limit:
         raise RequestError(f"{param} is {max_tokens} but this server allows at most {limit} "
                            "(--max-tokens-limit)", param)
-    generation = GenerationConfig(max_tokens=limit if max_tokens is None else max_tokens,
-                                  stop=body.stop if body.stop is not None else ())
-    given = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed")
-             if getattr(body, k) is not None}
-    sampling = SamplingConfig(**{**_OPENAI_SAMPLING, **given})
-    return generation, sampling, _spec(body, state)
+    sent = options.values("request", dict(body))
+    sent["max_tokens"] = limit if max_tokens is None else max_tokens
+    generation = options.config(GenerationConfig, sent)
+    return generation, options.config(SamplingConfig, sent), _spec(sent, state)
 
 
-def _spec(body: GenerationFields, state: ServerState) -> SpecConfig:
-    method = body.method or state.method
+def _spec(sent: dict, state: ServerState) -> SpecConfig:
+    method = sent.pop("method", None) or state.method
+    try:
+        entry = registry.get(method)
+    except ConfigError as e:  # the registry's message: the name and every method it knows
+        raise RequestError(str(e), "method") from None
     if method not in state.methods:
-        raise RequestError(f"method {method!r} is not available on this server; available: "
-                           f"{', '.join(state.methods)} ('draft' needs the server started with "
-                           "--draft REF)", "method")
-    s = state.settings
-    return spec_config(method, s.draft, body.num_draft if body.num_draft is not None else s.num_draft)
+        needs = " (it needs a draft model: start the server with --draft REF)" if (
+            entry.needs_draft) else ""
+        raise RequestError(f"method {method!r} is not available on this server{needs}; "
+                           f"available: {', '.join(state.methods)}", "method")
+    return state.settings.spec(method, sent)
 
 
 def _message(m: ChatMessage) -> dict:

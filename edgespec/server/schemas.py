@@ -2,21 +2,24 @@
 
 Contract: request models check *types* only (strictly: ``"5"`` is not an integer); *values* are
 checked by building edgespec's config dataclasses from them (``convert.py``), so the server
-accepts exactly what the CLI and the Python API accept, with the same messages. The allowed
-``method`` names and the field descriptions come from those definitions too. Fields an OpenAI
-client commonly sends that edgespec does not use (``frequency_penalty``, ``user``, ``tools``, ...)
-are accepted and ignored.
+accepts exactly what the CLI and the Python API accept, with the same messages. The generation
+fields (sampling, speculation, stop conditions) are *generated* from those dataclasses
+(``options.SURFACES["request"]``): names, types, descriptions and the method names of the
+registry. Fields an OpenAI client commonly sends that edgespec does not use
+(``frequency_penalty``, ``user``, ``tools``, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import dataclasses
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model
 
-from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig, fields_of
+from .. import options
 
-Method = Literal[METHODS]  # type: ignore[valid-type]  # the names the engine knows, read at import
+OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+"""Generated fields that OpenAI's API also has; the others are described as edgespec's own."""
 
 
 def _integral(v):
@@ -27,8 +30,27 @@ def _integral(v):
 Int = Annotated[int, BeforeValidator(_integral)]
 
 
-def _help(cls, name: str) -> str:
-    return next(f.metadata.get("help", "") for f in fields_of(cls) if f.name == name)
+def request_type(f: dataclasses.Field):
+    """The request field type of a config field (checked strictly; values by the dataclass).
+
+    A field with ``choices`` is any string, documented with its choices: an unknown value gets
+    the config's own error, which names the allowed ones."""
+    t = options.kind(f)
+    if t is tuple:
+        return str | list[str]
+    if f.metadata.get("choices"):
+        return Annotated[str, WithJsonSchema({"type": "string", "enum": list(f.metadata["choices"])})]
+    return Int if t is int else t
+
+
+def request_fields(surface: str = "request") -> dict:
+    """pydantic field definitions for ``surface``'s config fields: all optional, None = not sent."""
+    out = {}
+    for f in options.SURFACES[surface].fields():
+        prefix = "" if f.name in OPENAI_FIELDS else "edgespec: "
+        out[f.name] = (Optional[request_type(f)],
+                       Field(None, description=prefix + options.describe(f, surface)))
+    return out
 
 
 class _Request(BaseModel):
@@ -52,21 +74,15 @@ class StreamOptions(_Request):
         False, description="send a last chunk with the usage (and the speculative statistics)")
 
 
-class GenerationFields(_Request):
+class _OpenAIFields(_Request):
     model: str | None = Field(None, description="the served model's name (or an alias); default: it")
-    max_tokens: Int | None = Field(None, description=_help(GenerationConfig, "max_tokens"))
-    temperature: float | None = Field(None, description=_help(SamplingConfig, "temperature"))
-    top_p: float | None = Field(None, description=_help(SamplingConfig, "top_p"))
-    top_k: Int | None = Field(None, description="edgespec: " + _help(SamplingConfig, "top_k"))
-    min_p: float | None = Field(None, description="edgespec: " + _help(SamplingConfig, "min_p"))
-    seed: Int | None = Field(None, description=_help(SamplingConfig, "seed"))
-    stop: str | list[str] | None = Field(None, description=_help(GenerationConfig, "stop"))
     n: Int | None = Field(None, description="number of choices; only 1 is supported")
     stream: bool | None = Field(False, description="stream server-sent events")
     stream_options: StreamOptions | None = None
-    method: Method | None = Field(None, description="edgespec: " + _help(SpecConfig, "method")
-                                  + " [default: the server's --method]")
-    num_draft: Int | None = Field(None, description="edgespec: " + _help(SpecConfig, "num_draft"))
+
+
+GenerationFields = create_model("GenerationFields", __base__=_OpenAIFields, **request_fields())
+"""The fields both endpoints share: OpenAI's own, then those generated from the configs."""
 
 
 class ChatCompletionRequest(GenerationFields):

@@ -9,39 +9,32 @@ may name the served model only by ``names`` -- nothing a request says is ever lo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
-from ..config import METHODS, SpecConfig
-from ..drafters import load_draft
+from .. import options
+from ..config import SpecConfig
+from ..drafters import load_draft, registry
 from ..errors import ConfigError
 from ..targets import load
 from .worker import Worker
 
-# Default --method: the first of these that this server can run. Methods that need nothing
-# beyond the target would come first; "draft" needs --draft; plain decoding always works.
-# By measurement (edgespec bench, demo model, 40 MT-bench prompts): prompt lookup 1.13x plain
-# decoding, a truncated draft model 0.75x. "draft" is only available when --draft names a model,
-# and then the user asked for it.
-METHOD_PREFERENCE = ("draft", "lookup", "none")
-
 MAX_BODY_BYTES = 1 << 20
-
-
-def spec_config(method: str, draft: str | None, num_draft) -> SpecConfig:
-    """The SpecConfig for ``method``; a num_draft above the default max_draft raises max_draft."""
-    longest = max(num_draft, SpecConfig.max_draft) if isinstance(num_draft, int) else SpecConfig.max_draft
-    return SpecConfig(method=method, draft=draft, num_draft=num_draft, max_draft=longest)
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How ``edgespec serve`` was started (the CLI's options; see ``server/cli.py`` for help)."""
+    """How ``edgespec serve`` was started (the CLI's options; see ``server/cli.py`` for help).
+
+    ``spec_options`` are the other SpecConfig options serve was given (``num_draft``,
+    ``max_draft``, ...): every request's defaults, which a request may override.
+    """
 
     model: str = "demo"
-    method: str | None = None  # None: the first of METHOD_PREFERENCE that is available
+    method: str | None = None  # None: options.interactive_method ('draft' with a draft, else 'lookup')
     draft: str | None = None
-    num_draft: int = SpecConfig.num_draft
     dtype: str | None = None
+    spec_options: Mapping[str, object] = field(default_factory=dict)
     api_key: str | None = None
     max_tokens_limit: int = 2048
     max_body_bytes: int = MAX_BODY_BYTES
@@ -50,30 +43,30 @@ class ServerSettings:
     reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
-        spec_config(self.method or "none", self.draft, self.num_draft)
+        bad = set(self.spec_options) - ({f.name for f in fields(SpecConfig)} - {"method", "draft"})
+        if bad:
+            raise ConfigError(f"spec_options takes SpecConfig options but method and draft; "
+                              f"got {', '.join(sorted(bad))}")
+        self.spec(self.default_method(), {})  # ConfigError for a bad value, before any loading
         for name in ("max_tokens_limit", "max_body_bytes"):
-            v = getattr(self, name)
+            v = vars(self)[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without a key)")
 
+    def spec(self, method: str, sent: Mapping) -> SpecConfig:
+        """The SpecConfig of a request for ``method``: what it sent (all of it applies) over the
+        server's options (each applies to the methods that read it)."""
+        return options.spec_for(method, {**self.spec_options, "draft": self.draft},
+                                own=options.pick(SpecConfig, sent, skip=("draft",)))
+
     def available_methods(self) -> tuple[str, ...]:
-        """Methods whose requirements this server meets (their SpecConfig builds)."""
-        ok = []
-        for m in METHODS:
-            try:
-                SpecConfig(method=m, draft=self.draft)
-            except ConfigError:
-                continue
-            ok.append(m)
-        return tuple(ok)
+        """Methods whose requirements this server meets (a draft model for 'draft', ...)."""
+        return registry.available(self.draft)
 
     def default_method(self) -> str:
-        if self.method is not None:
-            return self.method
-        available = self.available_methods()
-        return next(m for m in (*METHOD_PREFERENCE, *available) if m in available)
+        return self.method if self.method is not None else options.interactive_method(self.draft)
 
 
 class ServerState:

@@ -21,6 +21,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from ..drafters import registry
 from ..errors import EdgespecError
 from ..stats import phrase
 from . import jobs
@@ -29,9 +30,6 @@ from .screens import HelpScreen, TemperatureScreen
 from .session import ChatSession, EngineThread, Update
 from .widgets import AnswerView, ChatInput, Legend, LoadingPanel, StatusBar, UserMessage, status_text
 
-METHOD_HELP = {"none": "plain decoding: the target alone, one token per forward",
-               "draft": "a smaller draft model proposes tokens, the target verifies them at once",
-               "lookup": "copies what followed the same words earlier in the conversation"}
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 _FINISH_NOTES = {"cancelled": "stopped", "length": "token limit", "stop": ""}
 
@@ -294,7 +292,7 @@ class ChatApp(App[None]):
             return
         for m in session.methods:
             mark = " (current)" if m == session.method else ""
-            yield SystemCommand(f"Method: {m}{mark}", METHOD_HELP.get(m, f"drafting method {m}"),
+            yield SystemCommand(f"Method: {m}{mark}", registry.get(m).summary,
                                 partial(self.switch_method, m))
         for t in TEMPERATURES:
             mark = " (current)" if t == session.sampling.temperature else ""

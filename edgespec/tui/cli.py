@@ -10,32 +10,29 @@ from functools import partial
 
 import click
 
-from ..cli import build_configs, dtype_option, guarded, options_for
-from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
+from .. import options
+from ..cli import guarded
+from ..config import ModelConfig
 from ..errors import EdgespecError
 from .session import open_session
 
 
 @click.command("chat")
-@click.argument("model_ref", metavar="[MODEL]", default="demo", required=False)
-@click.option("--method", default=None, type=click.Choice(METHODS),
-              help="drafting method [default: draft with --draft, else lookup]")
-@options_for(SpecConfig, SamplingConfig, GenerationConfig)
+@click.argument("model_ref", metavar="[MODEL]", default=ModelConfig.model, required=False)
+@options.click_options("chat")
 @click.option("--system", default=None, help="system message for the conversation")
-@dtype_option
 @click.option("--plain", is_flag=True,
               help="line-based chat (automatic when stdin or stdout is not a terminal)")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="colour accepted-draft tokens in line mode "
               "(auto: when stdout is a terminal and NO_COLOR is unset)")
 @guarded
-def chat(model_ref, method, system, dtype, plain, color, **kw):
+def chat(model_ref, system, plain, color, **kw):
     """Chat with MODEL (HF repo id, local dir, .gguf file; default: the demo model), seeing
     which tokens the target accepted from the drafter, live."""
-    method = method or ("draft" if kw.get("draft") else "lookup")
-    sampling, spec, gen = build_configs(kw, method)
-    load = partial(open_session, model_ref, spec=spec, sampling=sampling, generation=gen,
-                   system=system, dtype=dtype)
+    c = options.configs("chat", kw)  # MODEL is an argument here, not an option
+    load = partial(open_session, model_ref, spec=c.spec, sampling=c.sampling,
+                   generation=c.generation, system=system, dtype=c.model.dtype)
     if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
         import atexit
 

@@ -34,10 +34,11 @@ from functools import partial
 
 import mlx.core as mx
 
-from ..config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
-from ..drafters import load_draft, make_drafter
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..drafters import load_draft, make_drafter, registry
 from ..engine import Engine
 from ..errors import ConfigError
+from ..options import spec_for
 from ..stats import Stats
 from ..stream_text import Segment
 from ..targets import Target, load
@@ -79,7 +80,7 @@ class ChatSession:
         self.sampling = sampling or SamplingConfig()
         self.generation = generation or GenerationConfig()
         self.system = system
-        self._draft = draft  # the draft model, loaded on first use of method "draft"
+        self._draft = draft  # the draft model, loaded on first use of a method that uses it
         self.engine = Engine(target, None, self.sampling)
         self.method = self.spec.method
         self._built: str = "none"  # the method engine.drafter was built for
@@ -93,12 +94,13 @@ class ChatSession:
 
     @property
     def methods(self) -> list[str]:
-        """Methods this session can switch to ("draft" only when a draft model was given)."""
-        return [m for m in METHODS if m != "draft" or self.spec.draft]
+        """Methods this session can switch to (those needing a draft model only with --draft)."""
+        return list(registry.available(self.spec.draft))
 
     def set_method(self, method: str) -> None:
         if method not in self.methods:
-            hint = " (start with --draft REF to use 'draft')" if method == "draft" else ""
+            hint = (f" (start with --draft REF to use {method!r})"
+                    if method in registry.NAMES and registry.get(method).needs_draft else "")
             raise ConfigError(f"unknown method {method!r}; choose one of: "
                               f"{', '.join(self.methods)}{hint}")
         self.method = method
@@ -121,13 +123,14 @@ class ChatSession:
         if self.method == self._built:
             return
         method = self.method
+        uses_draft = registry.get(method).uses_draft(self.spec.draft)
         try:
-            if method == "draft" and self._draft is None:
+            if uses_draft and self._draft is None:
                 status(f"loading draft model {self.spec.draft}…")
                 self._draft = load_draft(self.spec.draft, self.target)
-            spec = dataclasses.replace(self.spec, method=method)
+            spec = spec_for(method, dataclasses.asdict(self.spec))
             self.engine.drafter = make_drafter(spec, self.target, self.sampling,
-                                               draft=self._draft if method == "draft" else None)
+                                               draft=self._draft if uses_draft else None)
         except Exception:
             self.method = self._built  # keep the session usable with the previous method
             raise

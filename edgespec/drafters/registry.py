@@ -1,0 +1,206 @@
+"""The drafting methods edgespec knows: one :class:`Method` entry each, and the one factory.
+
+Contract: every surface reads the method list from here -- config validation, the CLI's
+``--method`` choices, the server's request schema and its available methods, the chat palette,
+``bench`` and ``auto``'s arms. An entry says what its method needs (a separate draft model, a
+trained head) and which ``SpecConfig`` fields its builder reads. Importing this module imports
+no drafter: each builder imports its method's file when called, so ``config.py`` can validate a
+method name here without an import cycle.
+
+Adding a method is one file under ``drafters/`` plus one entry (and its builder) below.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import SamplingConfig, SpecConfig
+    from ..targets.target import Target
+    from .base import Drafter
+
+Builder = Callable[["SpecConfig", "Target", "SamplingConfig", "Target | None"], "Drafter | None"]
+"""``build(spec, target, sampling, draft)``: the drafter, or None for plain decoding. ``draft``
+is an already loaded draft model (checked against the target), else ``spec.draft`` is loaded."""
+
+_LENGTH = ("num_draft", "max_draft", "adaptive")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One drafting method: its name, a one-line summary, its builder and what it needs."""
+
+    name: str
+    summary: str
+    build: Builder
+    reads: tuple[str, ...] = ()  # the SpecConfig fields ``build`` (and ``arm``) read
+    needs_draft: bool = False  # a separate draft model (--draft REF)
+    needs_head: bool = False  # a trained head network (EAGLE-3 / Medusa); none is shipped yet
+    arm: Builder | None = None  # how ``auto`` builds it as an arm; None: not one of its arms
+
+    def available(self, draft: object = None) -> bool:
+        """Whether it can run when ``draft`` (a reference or a loaded model; None: no draft
+        model) is what was given."""
+        return not self.needs_head and (draft is not None or not self.needs_draft)
+
+    def uses_draft(self, draft: object = None) -> bool:
+        """Whether building it with ``draft`` given uses that draft model."""
+        return self.needs_draft or (draft is not None and "draft" in self.reads)
+
+
+# -- builders: each imports its method's file when called ---------------------------------------
+
+def _plain(spec, target, sampling, draft) -> None:
+    return None
+
+
+def _lookup(spec, target, sampling, draft):
+    from .lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+
+
+def _lookup_arm(spec, target, sampling, draft):
+    from .lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter(max_draft=spec.max_draft)  # its own longer start length as an arm
+
+
+def _draft_model(spec, target, sampling, draft):
+    from .draft_model import DraftModelDrafter
+
+    return DraftModelDrafter(_loaded_draft(spec, target, draft), sampling, spec.num_draft,
+                             spec.max_draft, spec.adaptive, vocab_size=target.args.vocab_size)
+
+
+def _cascade(spec, target, sampling, draft):
+    from .cascade import CascadeDrafter
+
+    return CascadeDrafter(_loaded_draft(spec, target, draft), sampling, spec.num_draft,
+                          spec.max_draft, spec.adaptive, vocab_size=target.args.vocab_size)
+
+
+def _loaded_draft(spec, target, draft):
+    """The given draft model (checked against the target), or ``spec.draft`` loaded."""
+    from . import load_draft
+    from .draft_model import check_vocabularies
+
+    if draft is None:
+        return load_draft(spec.draft, target)
+    check_vocabularies(target, draft)
+    return draft
+
+
+def _lookahead(spec, target, sampling, draft):
+    from .lookahead import LookaheadDrafter
+
+    return LookaheadDrafter(**lookahead_defaults())
+
+
+def lookahead_defaults() -> dict:
+    """Lookahead's window, n-gram size and guess-set size for this backend.
+
+    On the CPU every tree node costs a few % of a forward, so the smallest window pays best:
+    on 8 MT-bench prompts of the demo model (64 tokens, greedy) W,N,G = 1,2,4 ran at 0.97x
+    plain decoding, 1,3,2 at 0.88x, 1,3,6 at 0.78x, 2,3,2 at 0.63x and 4,4,4 at 0.48x. GPUs
+    score wide trees almost for free; 4,4,4 is kept there (not measured here)."""
+    from ..kernels.backend import on_cpu
+
+    return dict(window=1, ngram=2, guesses=4) if on_cpu() else dict(window=4, ngram=4, guesses=4)
+
+
+def _self_draft(spec, target, sampling, draft):
+    """Early-exit / layer-skip self-draft; the layers come from a (memoized) calibration run
+    unless given, and a calibration that finds no speedup means plain decoding (with a warning)."""
+    from .calibrate import calibrated
+    from .early_exit import EarlyExitDrafter
+    from .layer_skip import LayerSkipDrafter
+
+    if spec.method == "early-exit" and spec.exit_layer is not None:
+        return EarlyExitDrafter(target, sampling, spec.exit_layer, spec.num_draft,
+                                spec.max_draft, spec.adaptive)
+    cal = calibrated(target, spec.method, spec.num_draft)
+    if cal.best is None:
+        warnings.warn(f"{spec.method}: {cal.reason}; decoding without speculation", stacklevel=3)
+        return None
+    if spec.method == "early-exit":
+        return EarlyExitDrafter(target, sampling, cal.best, spec.num_draft, spec.max_draft,
+                                spec.adaptive)
+    return LayerSkipDrafter(target, sampling, cal.best, spec.num_draft, spec.max_draft,
+                            adaptive=spec.adaptive)
+
+
+def _quantized(spec, target, sampling, draft):
+    from .quantized import QuantizedDrafter
+
+    return QuantizedDrafter(target, spec.draft_bits, sampling, spec.num_draft, spec.max_draft,
+                            spec.adaptive)
+
+
+def _auto(spec, target, sampling, draft):
+    """A bandit over the arms below that can run here (a draft-model arm only with a draft)."""
+    from .auto import AutoDrafter
+
+    given = draft if draft is not None else spec.draft
+    return AutoDrafter({m.name: m.arm(spec, target, sampling, draft) for m in METHODS
+                        if m.arm is not None and m.available(given)})
+
+
+# -- the registry: its order is the order every surface lists methods in (and auto's arms) ------
+
+METHODS: tuple[Method, ...] = (
+    Method("none", "plain decoding: the target alone, one token per forward", _plain,
+           arm=_plain),
+    Method("lookup", "prompt lookup: copies what followed the same words earlier in the text",
+           _lookup, reads=("num_draft", "max_draft"), arm=_lookup_arm),
+    Method("draft", "a smaller draft model proposes tokens, the target verifies them at once",
+           _draft_model, reads=("draft", *_LENGTH), needs_draft=True, arm=_draft_model),
+    Method("lookahead", "lookahead decoding: Jacobi iterations and an n-gram pool, one pass a step",
+           _lookahead),
+    Method("early-exit", "the target's first layers draft for the whole target (calibrated)",
+           _self_draft, reads=("exit_layer", *_LENGTH)),
+    Method("layer-skip", "the target with a calibrated subset of its layers drafts for itself",
+           _self_draft, reads=_LENGTH),
+    Method("quantized", "the target's weights quantized to a few bits draft for the target",
+           _quantized, reads=("draft_bits", *_LENGTH)),
+    Method("cascade", "prompt lookup drafts for the draft model, which drafts for the target",
+           _cascade, reads=("draft", *_LENGTH), needs_draft=True),
+    Method("auto", "a bandit over plain decoding, lookup and the draft model, by measured speed",
+           _auto, reads=("draft", *_LENGTH)),
+)
+
+NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)
+
+
+def get(name: str) -> Method:
+    """The entry for ``name``; ConfigError naming it and the known methods otherwise."""
+    for m in METHODS:
+        if m.name == name:
+            return m
+    raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(NAMES)}")
+
+
+def available(draft: object = None) -> tuple[str, ...]:
+    """The methods that can run when ``draft`` is what was given (None: no draft model)."""
+    return tuple(m.name for m in METHODS if m.available(draft))
+
+
+def readers(field_name: str) -> tuple[str, ...]:
+    """The methods whose builder reads the SpecConfig field ``field_name``."""
+    return tuple(m.name for m in METHODS if field_name in m.reads)
+
+
+def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | None = None,
+                 draft: Target | None = None) -> Drafter | None:
+    """The drafter for ``spec.method`` (None for plain decoding): the one factory.
+
+    ``draft`` is an already loaded draft model; otherwise ``spec.draft`` is loaded.
+    """
+    from ..config import SamplingConfig
+
+    return get(spec.method).build(spec, target, sampling or SamplingConfig(), draft)
