@@ -116,8 +116,8 @@ class Engine:
         same one). ``engine.drafter`` may be replaced between calls; the KV cache of a shared
         prompt prefix is reused across calls unless ``reuse_prefix=False``.
         """
-        gen = generation or GenerationConfig(
-            max_tokens=max_tokens if max_tokens is not None else 256, stop=tuple(stop or ()))
+        given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
+        gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
         ids = encode_prompt(self.target.tokenizer, prompt)
         ctx = self.target.context_length
         check_context(ids, ctx, self.target.name)

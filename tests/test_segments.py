@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec import Engine, SamplingConfig
-from edgespec.drafters import DraftModelDrafter
+from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.loading.tokenizer import StreamDecoder
 from edgespec.stream_text import Segment, TextStream
 from edgespec.targets import load_target
