@@ -11,9 +11,6 @@ from rich.console import Console
 
 from edgespec.bench import BenchPrompt, format_report, load_prompts, report_markdown, run_bench, summarize
 from edgespec.errors import ConfigError
-from edgespec.targets import load_target
-
-from .tiny import make_tiny_model
 
 PROMPTS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter."]},
@@ -25,11 +22,6 @@ PROMPTS = [
 def write_jsonl(path, objs) -> str:
     path.write_text("".join(json.dumps(o) + "\n" for o in objs))
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return load_target(make_tiny_model(tmp_path_factory.mktemp("tiny")), dtype="float32")
 
 
 @pytest.fixture(scope="module")
