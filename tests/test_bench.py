@@ -17,9 +17,6 @@ from edgespec.cli import main
 from edgespec.config import GenerationConfig
 from edgespec.drafters import registry
 from edgespec.errors import ConfigError
-from edgespec.targets import load_target
-
-from .tiny import make_tiny_model
 
 PROMPTS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter."]},
@@ -34,13 +31,8 @@ def write_jsonl(path, objs) -> str:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def target(model_dir):
-    return load_target(model_dir, dtype="float32")
+def model_dir(tiny_models):
+    return tiny_models.path()
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,12 @@ from click.testing import CliRunner
 
 from edgespec.cli import main
 
-from .tiny import make_tiny_model
-
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    target = make_tiny_model(root / "target", layers=4, context=256)
-    other = make_tiny_model(root / "other", extra_tokens=["zzz", "yyy"])
+    target = tiny_models.path(layers=4, context=256)
+    other = tiny_models.path(extra_tokens=("zzz", "yyy"))
     return {"target": str(target), "other": str(other), "root": root}
 
 

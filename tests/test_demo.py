@@ -14,15 +14,13 @@ from edgespec.targets.derive import truncate_model
 
 pytestmark = pytest.mark.demo
 
+# the evaluation prompts live outside the repository, next to it (../shared/eval)
 MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "eval" / "mt_bench.jsonl"
-FALLBACK = ["Compose an engaging travel blog post about a recent trip to Hawaii.",
-            "Extract the names of the planets from: Mercury, Venus and Earth orbit the Sun.",
-            "Write a Python function that returns the n-th Fibonacci number."]
 
 
 def _prompts(n: int) -> list[str]:
-    if not MT_BENCH.exists():
-        return FALLBACK[:n]
+    if not MT_BENCH.is_file():
+        pytest.skip(f"MT-bench prompts not found at {MT_BENCH} (outside the repository)")
     rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
     by_category = {}
     for r in rows:
@@ -49,5 +47,10 @@ def test_draft_model_matches_plain_greedy_on_mt_bench(demo):
         b = spec.generate(msgs, max_tokens=32)
         assert b.token_ids == a.token_ids, prompt
         assert b.stats.proposed > 0
-    assert "Paris" in plain.generate([{"role": "user", "content": "What is the capital of France?"}],
-                                     max_tokens=16).text
+
+
+def test_demo_model_answers_a_question(demo):
+    target, _ = demo
+    answer = Engine(target).generate([{"role": "user", "content": "What is the capital of France?"}],
+                                     max_tokens=16)
+    assert "Paris" in answer.text

@@ -13,23 +13,12 @@ import pytest
 from edgespec import Engine, SamplingConfig
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.draft_model import DraftModelDrafter
-from edgespec.targets import load_target
 from edgespec.tree import DraftTree
 
-from .tiny import first_token_check, make_tiny_model
+from .tiny import KINDS
 
 PROMPT = "the cat sat on the mat and then"
-KINDS = {
-    "llama": {},
-    "window": {"window": 8},
-    "bias": {"bias": True},
-}
-
-
-@pytest.fixture(scope="module", params=list(KINDS))
-def target(request, tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp(request.param), **KINDS[request.param])
-    return load_target(path, dtype="float32")
+TARGET_KINDS = tuple(KINDS)  # conftest's `target`: every test once per model kind
 
 
 def naive_greedy(target, ids: list[int], n: int) -> list[int]:
@@ -129,25 +118,15 @@ def test_oracle_trees_with_decoys_accept_the_true_branch(target):
     assert res.stats.tau > 4.0
 
 
-def test_long_generation_with_window_rollover(tmp_path):
+def test_long_generation_with_window_rollover(tiny_models):
     """A sliding-window model past the point where the cache drops old entries."""
-    target = load_target(make_tiny_model(tmp_path, window=8), dtype="float32")
+    target = tiny_models.load(window=8)
     drafter = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
     eng = Engine(target, drafter)
     ids = eng.encode(PROMPT)
     res = eng.generate(PROMPT, max_tokens=400)
     assert len(res.token_ids) == 400
     assert res.token_ids[-20:] == naive_greedy(target, ids + res.token_ids[:-20], 20)
-
-
-def test_sampling_first_token_distribution(tmp_path):
-    """End to end: with a different draft model, the first sampled token follows the target."""
-    target = load_target(make_tiny_model(tmp_path / "t", seed=3, scale=0.3), dtype="float32")
-    draft = load_target(make_tiny_model(tmp_path / "d", seed=4, scale=0.3), dtype="float32")
-    pvalue = first_token_check(
-        target, lambda s: DraftModelDrafter(draft, s, num_draft=3, adaptive=False), PROMPT,
-        {"temperature": 1.0, "top_k": 6}, runs=1500)
-    assert pvalue > 1e-3
 
 
 def test_seeded_sampling_is_reproducible(target):

@@ -14,15 +14,13 @@ from edgespec.kernels.activations import silu
 from edgespec.kernels.fused_block import COMPILE_MAX_TOKENS
 from edgespec.tree import DraftTree
 
-from .tiny import make_tiny_model
-
-KINDS = {"llama": {}, "window": {"window": 8}, "bias": {"bias": True}}
+from .tiny import KINDS
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
-def pair(request, tmp_path_factory):
-    """The same tiny model loaded twice: fused (as loaded) and with fusion undone."""
-    path = make_tiny_model(tmp_path_factory.mktemp(request.param), layers=3, **KINDS[request.param])
+def pair(request, tiny_models):
+    """The same tiny model loaded twice (own copies): fused (as loaded) and with fusion undone."""
+    path = tiny_models.path(layers=3, **KINDS[request.param])
     fused, plain = load_target(path, dtype="float32"), load_target(path, dtype="float32")
     for block in plain.model.model.layers:
         block._fused = None
@@ -63,8 +61,8 @@ def test_compile_off_gives_the_same_logits(pair, monkeypatch):
     np.testing.assert_allclose(np.array(_logits(fused, ids)), compiled, atol=1e-5)
 
 
-def test_fusion_keeps_one_copy_and_notices_replaced_weights(tmp_path):
-    target = load_target(make_tiny_model(tmp_path, layers=2), dtype="float32")
+def test_fusion_keeps_one_copy_and_notices_replaced_weights(tiny_models):
+    target = load_target(tiny_models.path(), dtype="float32")  # its own copy: weights replaced
     block = target.model.model.layers[0]
     a = block.self_attn
     fused_w = block._fused.w["wqkv"]

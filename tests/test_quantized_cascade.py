@@ -1,8 +1,8 @@
 """Quantized self-draft and cascade drafting on tiny random models: exact output, oracles, costs.
 
-Both methods only change what is proposed, so greedy output must equal plain decoding and the
-first sampled token must follow the target's distribution. The cascade also has an inner
-boundary (lookup -> draft model), checked on its own: its chain must follow the draft model.
+Both methods only change what is proposed, so greedy output must equal plain decoding (their
+sampling distribution: test_lossless.py). The cascade also has an inner boundary (lookup ->
+draft model), checked on its own: its chain must follow the draft model.
 """
 
 from __future__ import annotations
@@ -16,35 +16,19 @@ from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.drafters.cascade import CascadeDrafter
 from edgespec.drafters.quantized import QuantizedDrafter, make_quantized_draft
 from edgespec.errors import ConfigError
-from edgespec.targets import load_target
 from edgespec.sampling import probs
 
-
-from .tiny import first_token_check, make_tiny_model
 
 PROMPT = "the cat sat on the mat and then"
 REPEAT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
 SAMPLING = {"temperature": 1.0, "top_k": 6}
-KINDS = {"llama": {}, "bias": {"bias": True}}
-
-
-@pytest.fixture(scope="module", params=list(KINDS))
-def target(request, tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp(request.param), **KINDS[request.param])
-    return load_target(path, dtype="float32")
+TARGET_KINDS = ("llama", "bias")  # conftest's `target`: these tests once per kind
 
 
 @pytest.fixture(scope="module")
-def sharp(tmp_path_factory):
+def sharp(tiny_models):
     """A target whose 4-bit copy and a random draft disagree with it often (rejections happen)."""
-    path = make_tiny_model(tmp_path_factory.mktemp("sharp"), layers=4, scale=3.0)
-    return load_target(path, dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory):
-    return load_target(make_tiny_model(tmp_path_factory.mktemp("other"), seed=4, scale=0.3),
-                       dtype="float32")
+    return tiny_models.load(layers=4, scale=3.0)
 
 
 def count_forwards(monkeypatch, model) -> dict:
@@ -170,28 +154,6 @@ def test_cascade_lookup_saves_draft_forwards(target, monkeypatch):
 
 
 # --- sampling -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def soft(tmp_path_factory):
-    """A small target for the statistical tests (each run is a fresh engine + drafter)."""
-    path = make_tiny_model(tmp_path_factory.mktemp("soft"), seed=3, scale=0.3)
-    return load_target(path, dtype="float32")
-
-
-def test_quantized_sampling_first_token(soft):
-    q2 = make_quantized_draft(soft, 2, group_size=32)  # built once: QuantizedDrafter's draft
-    pvalue = first_token_check(
-        soft, lambda s: DraftModelDrafter(q2, s, num_draft=3, adaptive=False), PROMPT, SAMPLING,
-        runs=400)
-    assert pvalue > 1e-3
-
-
-def test_cascade_sampling_first_token(soft, other):
-    pvalue = first_token_check(
-        soft, lambda s: CascadeDrafter(other, s, num_draft=3, adaptive=False), REPEAT, SAMPLING,
-        runs=500)
-    assert pvalue > 1e-3
-
 
 def test_cascade_sampled_chain_follows_the_draft(sharp, other):
     """The inner boundary under sampling: the first chain token is distributed as q (the

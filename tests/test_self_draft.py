@@ -1,5 +1,5 @@
-"""Early-exit and layer-skip self-drafts on tiny random models: oracle, exactness, sampling,
-calibration (and its pure decision rule)."""
+"""Early-exit and layer-skip self-drafts on tiny random models: oracle, exactness, calibration
+(and its pure decision rule). Their sampling distribution: test_lossless.py."""
 
 from __future__ import annotations
 
@@ -15,27 +15,18 @@ from edgespec.drafters.early_exit import EarlyExitDrafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.layer_subset import LayerSubset
 from edgespec.errors import ConfigError
-from edgespec.targets import load_target
 
-
-from .tiny import first_token_check, make_tiny_model
+from .tiny import KINDS
 
 PROMPT = "the cat sat on the mat and then"
-KINDS = {"llama": {}, "window": {"window": 8}, "bias": {"bias": True}}
+TARGET_KINDS, TARGET_LAYERS = tuple(KINDS), 4  # conftest's `target`: 4 layers, once per kind
 GREEDY = SamplingConfig()
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
-def target(request, tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp(request.param), layers=4, **KINDS[request.param])
-    return load_target(path, dtype="float32")
-
-
 @pytest.fixture(scope="module")
-def near_identity(tmp_path_factory):
+def near_identity(tiny_models):
     """Layers that barely change the residual stream: shallow drafts agree with the target."""
-    path = make_tiny_model(tmp_path_factory.mktemp("near_identity"), layers=8, scale=0.05)
-    return load_target(path, dtype="float32")
+    return tiny_models.load(layers=8, scale=0.05)
 
 
 def drafters(target, sampling=GREEDY, k=3, adaptive=True):
@@ -74,9 +65,9 @@ def test_subsets_keep_greedy_output_across_turns(target):
         assert d.cache is cache  # the drafter kept its prefix too (a reset makes a new cache)
 
 
-def test_window_rollover_with_skipped_layers(tmp_path):
+def test_window_rollover_with_skipped_layers(tiny_models):
     """Past the point where the draft's sliding-window cache compacts every slot it has."""
-    target = load_target(make_tiny_model(tmp_path, layers=4, window=8), dtype="float32")
+    target = tiny_models.load(layers=4, window=8)
     prompt = PROMPT * 16  # ~400 tokens: the drafter's cache compacts during the first steps
     want = Engine(target).generate(prompt, max_tokens=12).token_ids
     for d in drafters(target):
@@ -112,14 +103,6 @@ def test_early_exit_verifies_only_the_upper_layers(target, monkeypatch):
     assert d.cache.length == 0  # the drafter's own cache was never used
 
 
-def test_early_exit_reuse_keeps_sampling_exact(tmp_path):
-    """Shared-cache drafting under sampling: the first-token distribution is the target's."""
-    target = load_target(make_tiny_model(tmp_path, layers=4, window=8), dtype="float32")
-    p = first_token_check(target, lambda s: EarlyExitDrafter(target, s, exit_layer=3, num_draft=4),
-                          PROMPT * 3, {"temperature": 1.0, "top_k": 6}, runs=300)
-    assert p > 1e-3
-
-
 def test_confidence_ends_the_chain(target):
     """Every draft but the last is confident; the last is not, or the chain is at max_draft."""
     layers, cap, threshold = [0, 1, 3], 6, 0.9999
@@ -139,13 +122,6 @@ def test_confidence_ends_the_chain(target):
         assert len(drafts) == cap or top[-1] < threshold + 1e-4
         lengths.append(len(drafts))
     assert min(lengths) < cap  # the rule did end some chains early
-
-
-def test_sampling_first_token_follows_target(tmp_path):
-    target = load_target(make_tiny_model(tmp_path, layers=4), dtype="float32")
-    p = first_token_check(target, lambda s: EarlyExitDrafter(target, s, exit_layer=2, num_draft=3),
-                          "the cat", {"temperature": 1.0, "top_k": 6}, runs=300)
-    assert p > 1e-3
 
 
 def test_bad_layers_are_rejected(target):

@@ -15,16 +15,14 @@ from schemathesis import GenerationMode, checks
 
 from edgespec.server import ServerSettings, ServerState, create_app
 
-from .tiny import make_tiny_model
-
 EXAMPLES = 40
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
           checks.content_type_conformance, checks.response_schema_conformance]
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    model = make_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny", context=256, tie=False)
+def app(tiny_models):
+    model = tiny_models.path(context=256, tie=False)
     state = ServerState.start(ServerSettings(model=str(model), max_tokens_limit=8), progress=False)
     yield create_app(state)
     state.stop()

@@ -30,16 +30,13 @@ from edgespec.stream_text import Segment
 from edgespec.tui.session import ChatSession, open_session
 from edgespec.tui.widgets import AnswerView, ChatInput, LoadingPanel, StatusBar, UserMessage
 
-from .tiny import make_tiny_model
-
 ROOT = Path(__file__).resolve().parents[1]
 DRAFTED_FG, TARGET_FG = DRAFTED_STYLE.split()[0], TARGET_STYLE.split()[0]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(make_tiny_model(tmp_path_factory.mktemp("chat") / "m", layers=2, scale=0.03,
-                               context=4096))
+def tiny(tiny_models) -> str:
+    return str(tiny_models.path(layers=2, scale=0.03, context=4096))
 
 
 def chat_app(model: str, *, method: str = "draft", max_tokens: int = 40,

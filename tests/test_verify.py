@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgespec.config import SamplingConfig
-from edgespec.sampling import probs, sample
+from edgespec.sampling import sample
 from edgespec.tree import DraftTree
 from edgespec.verify import Accepted, verify_greedy, verify_sampling
 
@@ -115,25 +114,3 @@ def test_greedy_walks_the_matching_branch():
     acc = verify_greedy(tree, argmax)
     assert acc.path == [0, 2, 4] and acc.tokens == [2, 4, 7] and acc.num_accepted == 2
     assert verify_greedy(tree, np.array([5, 0, 0, 0, 0])).tokens == [5]
-
-
-def test_probs_filters():
-    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
-    assert np.allclose(probs(logits, SamplingConfig()), [[1, 0, 0, 0, 0]])
-    assert np.allclose(probs(logits, SamplingConfig(temperature=1.0)), np.exp(logits))
-    top2 = probs(logits, SamplingConfig(temperature=1.0, top_k=2))
-    assert np.allclose(top2, [[5 / 7, 2 / 7, 0, 0, 0]])
-    nucleus = probs(logits, SamplingConfig(temperature=1.0, top_p=0.8))  # 0.5+0.2 < 0.8 -> 3 kept
-    assert np.allclose(nucleus, [[0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]])
-    minp = probs(logits, SamplingConfig(temperature=1.0, min_p=0.3))  # keep p >= 0.15
-    assert np.allclose(minp, [[0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]])
-    hot = probs(logits, SamplingConfig(temperature=2.0))
-    assert hot[0, 4] > 0.05 and np.isclose(hot.sum(), 1)
-
-
-def test_sample_follows_distribution():
-    rng = np.random.default_rng(0)
-    p = np.array([0.1, 0.0, 0.6, 0.3])
-    draws = np.bincount([sample(p, rng) for _ in range(20000)], minlength=4)
-    assert draws[1] == 0
-    assert chisquare(draws[[0, 2, 3]], p[[0, 2, 3]] * 20000).pvalue > 1e-3
