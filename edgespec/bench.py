@@ -167,7 +167,8 @@ def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
                 result = engine_for(name).generate(_messages(p), generation=generation)
                 baseline_ids = result.token_ids if name == BASELINE else baseline_ids
                 row = {"prompt": i, "id": p.id, "category": p.category, "method": name}
-                row.update({k: getattr(result.stats, k) for k in _STATS})
+                stats = asdict(result.stats)
+                row.update({k: stats[k] for k in _STATS})
                 row["exact"] = result.token_ids == baseline_ids if greedy else None
                 row["finish_reason"] = result.finish_reason
                 rows.append(row)

@@ -6,7 +6,13 @@ print it as one line and the server can map the *type* to an HTTP status in one 
 
 
 class EdgespecError(Exception):
-    """Base class for every error edgespec raises on purpose."""
+    """Base class for every error edgespec raises on purpose.
+
+    ``param``: the request field the error is about, when one is (the server reports it as the
+    OpenAI error's ``param``); None otherwise.
+    """
+
+    param: str | None = None
 
 
 class ConfigError(EdgespecError, ValueError):

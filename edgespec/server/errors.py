@@ -72,7 +72,7 @@ def error_status_and_body(exc: BaseException) -> tuple[int, dict]:
         if isinstance(exc, cls):
             if isinstance(exc, RequestValidationError):
                 return status, error_body(*_describe_validation(exc), code=code)
-            return status, error_body(str(exc), kind, getattr(exc, "param", None), code)
+            return status, error_body(str(exc), kind, exc.param, code)
     log.error("unexpected error while serving a request", exc_info=exc)
     return 500, error_body(f"internal server error ({type(exc).__name__}); see the server log",
                            "server_error")

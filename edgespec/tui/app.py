@@ -64,6 +64,7 @@ class ChatApp(App[None]):
         self.colored = True
         self.load_error: str | None = None
         self._loader = loader
+        self._pending: str | None = None  # a message sent while the model loads
         self._answer: AnswerView | None = None
         self._last: Update | None = None
         self._note: str | None = None  # a worker's progress line, shown in the status bar
@@ -107,7 +108,7 @@ class ChatApp(App[None]):
             "Enter sends · Escape stops the answer · Ctrl+P switches method or temperature · "
             "F1 help"), id="welcome"))
         self._show_status()
-        pending, self._pending = getattr(self, "_pending", None), None
+        pending, self._pending = self._pending, None
         if pending:  # a message sent while the model was loading goes out now
             self.on_chat_input_send(ChatInput.Send(pending))
 

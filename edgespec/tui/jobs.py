@@ -79,7 +79,7 @@ def describe(error: Exception) -> str:
     """One line for an error shown in the app."""
     if isinstance(error, ContextOverflowError):
         return f"{error} (Ctrl+N starts a new conversation)"
-    if isinstance(error, OSError) and getattr(error, "filename", None):
+    if isinstance(error, OSError) and error.filename:
         return f"{error.strerror or error}: {error.filename}"
     return str(error)
 
