@@ -118,7 +118,7 @@ class Engine:
         """
         given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
         gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
-        ids = encode_prompt(self.target.tokenizer, prompt)
+        ids = self.encode(prompt)
         ctx = self.target.context_length
         check_context(ids, ctx, self.target.name)
         self._cancel = False
