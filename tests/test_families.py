@@ -149,6 +149,8 @@ def test_sliding_and_global_layers_through_rollback(dirs):
         res = Engine(target, d).generate(prompt, max_tokens=24)
         assert res.token_ids == want, d.name
         assert res.stats.proposed > 0 and res.stats.acceptance_rate < 1.0, d.name
+    for d in (skip, draft):  # a draft cache holds each token once, also after it compacted
+        assert max(d.cache.starts) > 0 and d.cache.offset <= len(prompt) + 24
     oracle = DraftModelDrafter(target, GREEDY, num_draft=4, max_draft=4, adaptive=False)
     res = Engine(target, oracle).generate(prompt, max_tokens=24)
     assert res.token_ids == want and res.stats.acceptance_rate == 1.0
