@@ -1,22 +1,28 @@
 """The KV cache: committed tokens, a scratch region for the tree being scored, cheap rollback.
 
-Layout per layer: ``keys/values`` of shape (B, H_kv, capacity, D). Slots ``[0, length)`` hold
-committed tokens, slot ``s`` at absolute position ``start + s``. A forward over N tree nodes
-writes their keys/values into the scratch slots ``[length, length + N)`` (``write``) without
-committing anything; only the engine (or a drafter, for its own cache) then calls
+Layout per layer: ``keys/values`` of shape (B, H_kv, capacity, D). ``offset`` tokens are
+committed; layer ``i`` holds positions ``[starts[i], offset)`` in slots ``[0, offset - starts[i])``
+(``starts[i]`` is 0 unless that layer dropped old entries). A forward over N tree nodes writes
+their keys/values into the N slots after those (``write``) without committing anything; only the
+engine (or a drafter, for its own cache) then calls
 
 - ``commit(path)``: keep the accepted tree nodes — one gather moving them to contiguous slots
-  (free for a chain prefix) — and advance ``length``;
+  (free for a chain prefix) — and advance ``offset``;
 - ``trim(n)``: forget the last ``n`` committed tokens (O(1)).
 
-Sliding-window (rotating) attention uses the same class with ``window`` set: the mask (built in
-``tree.attention_mask`` from absolute positions) hides keys that left the window, and when the
-buffer fills up the oldest entries are dropped in one slice, keeping ``window + rollback`` of
-them so a later ``trim`` of up to ``rollback`` tokens is still exact. A deeper trim raises
-:class:`CacheRollbackError` instead of silently attending to the wrong keys.
+**Cache policy per layer.** ``window`` is None (every layer attends to everything), one int
+(every layer slides, as in Mistral) or one entry per layer (Gemma: sliding layers interleaved
+with global ones). A global layer keeps every entry. A sliding layer's keys that left its window
+are hidden by the mask (built in ``tree.attention_mask`` from ``key_positions(layer)``), and when
+its buffer fills up the oldest entries are dropped in one slice, keeping ``window + rollback`` of
+them, so that a later ``trim`` of up to ``rollback`` tokens is still exact. A deeper trim raises
+:class:`CacheRollbackError` instead of silently attending to the wrong keys. Layers with the same
+window compact together, so they share one mask.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -27,46 +33,61 @@ _STEP = 256
 
 
 class KVCache:
-    def __init__(self, num_layers: int, window: int | None = None, rollback: int = 64):
+    def __init__(self, num_layers: int, window: int | None | Sequence[int | None] = None,
+                 rollback: int = 64):
+        windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
+        if len(windows) != num_layers:
+            raise ValueError(f"window has {len(windows)} entries for {num_layers} layers")
         self.num_layers = num_layers
-        self.window = window
+        self.windows: tuple[int | None, ...] = tuple(windows)
         self.rollback = rollback
         self.keys: list[mx.array | None] = [None] * num_layers
         self.values: list[mx.array | None] = [None] * num_layers
-        self.start = 0  # absolute position of slot 0
-        self.length = 0  # committed slots
+        self.starts = [0] * num_layers  # absolute position held in slot 0, per layer
+        self.offset = 0  # committed tokens: absolute position of the next one
         self._scratch = 0  # slots written by the current forward
 
     @property
-    def offset(self) -> int:
-        """Absolute position of the next token to commit."""
-        return self.start + self.length
+    def length(self) -> int:
+        """Committed tokens (the same as ``offset``; entries a sliding layer dropped count)."""
+        return self.offset
+
+    @property
+    def start(self) -> int:
+        """The oldest position that every layer still holds."""
+        return max(self.starts)
 
     @property
     def capacity(self) -> int:
         k = self.keys[0]
         return 0 if k is None else k.shape[2]
 
-    def key_positions(self) -> np.ndarray:
-        return np.arange(self.start, self.start + self.length)
+    def slots(self, layer: int) -> int:
+        """Committed entries held by ``layer``."""
+        return self.offset - self.starts[layer]
+
+    def key_positions(self, layer: int = 0) -> np.ndarray:
+        """Absolute positions of ``layer``'s committed entries, slot by slot."""
+        return np.arange(self.starts[layer], self.offset)
+
+    def mask_groups(self) -> list[tuple[int | None, int]]:
+        """Per layer, what its mask depends on: (window, start). Equal entries share one mask."""
+        return list(zip(self.windows, self.starts))
 
     def reserve(self, n: int) -> None:
         """Make room for a forward over ``n`` new tokens; call it before building the mask,
-        since it may drop entries that left the window (idempotent for the same ``n``)."""
+        since it may drop entries that left a sliding window (idempotent for the same ``n``)."""
         self._scratch = n
-        if self.window is not None and self.length + n > self.window + self.rollback + _STEP:
-            self._compact()
+        for i, w in enumerate(self.windows):
+            drop = self.slots(i) - (w + self.rollback) if w is not None else 0
+            if drop > 0 and self.slots(i) + n > w + self.rollback + _STEP:
+                self._compact(i, drop)
 
-    def _compact(self) -> None:
-        keep = self.window + self.rollback
-        drop = self.length - keep
-        if drop <= 0:
-            return
-        for i in range(self.num_layers):
-            self.keys[i] = self.keys[i][:, :, drop:, :]  # scratch slots too (see LowerLayers)
-            self.values[i] = self.values[i][:, :, drop:, :]
-        self.start += drop
-        self.length = keep
+    def _compact(self, layer: int, drop: int) -> None:
+        if self.keys[layer] is not None:  # scratch slots move too (see LowerLayers)
+            self.keys[layer] = self.keys[layer][:, :, drop:, :]
+            self.values[layer] = self.values[layer][:, :, drop:, :]
+        self.starts[layer] += drop
 
     def write(self, layer: int, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Store a forward's keys/values (B, H_kv, N, D) in the scratch slots of ``layer``.
@@ -74,7 +95,8 @@ class KVCache:
         Returns all keys/values the forward attends to: committed slots plus these N.
         """
         n = k.shape[2]
-        a, b = self.length, self.length + n
+        a = self.slots(layer)
+        b = a + n
         if self.keys[layer] is None or b > self.keys[layer].shape[2]:
             self._grow(layer, k, v, b)
         self.keys[layer][..., a:b, :] = k
@@ -88,34 +110,37 @@ class KVCache:
         new_k = mx.zeros((B, H, size, D), dtype=k.dtype)
         new_v = mx.zeros((B, H, size, v.shape[3]), dtype=v.dtype)
         if old_k is not None:
-            new_k[..., : self.length, :] = old_k[..., : self.length, :]
-            new_v[..., : self.length, :] = old_v[..., : self.length, :]
+            a = self.slots(layer)
+            new_k[..., :a, :] = old_k[..., :a, :]
+            new_v[..., :a, :] = old_v[..., :a, :]
         self.keys[layer], self.values[layer] = new_k, new_v
 
     def commit(self, path: list[int] | None = None) -> None:
         """Keep scratch nodes ``path`` (default: all of them, in order) as committed tokens."""
         n = self._scratch if path is None else len(path)
         if path is not None and path != list(range(n)):
-            idx = mx.array([self.length + i for i in path])
-            a = self.length
             for i in range(self.num_layers):
+                a = self.slots(i)
+                idx = mx.array([a + j for j in path])
                 self.keys[i][..., a : a + n, :] = self.keys[i][..., idx, :]
                 self.values[i][..., a : a + n, :] = self.values[i][..., idx, :]
-        self.length += n
+        self.offset += n
         self._scratch = 0
 
     def trim(self, n: int) -> None:
         """Forget the last ``n`` committed tokens."""
         if n <= 0:
             return
-        if self.window is not None and self.start > 0 and self.length - n < self.window - 1:
-            raise CacheRollbackError(
-                f"sliding-window cache cannot roll back {n} tokens: entries older than the window "
-                f"were dropped (at most {self.length - self.window + 1} can be rolled back); "
-                f"raise rollback above {n}")
-        if n > self.length:
-            raise CacheRollbackError(f"cannot trim {n} tokens from a cache holding {self.length}")
-        self.length -= n
+        if n > self.offset:
+            raise CacheRollbackError(f"cannot trim {n} tokens from a cache holding {self.offset}")
+        for i, w in enumerate(self.windows):
+            # the next query (position offset - n) needs keys from offset - n - w + 1 on
+            if w is not None and self.starts[i] > 0 and self.slots(i) - n < w - 1:
+                raise CacheRollbackError(
+                    f"sliding-window cache cannot roll back {n} tokens: entries older than the "
+                    f"window were dropped (at most {self.slots(i) - w + 1} can be rolled back); "
+                    f"raise rollback above {n}")
+        self.offset -= n
 
     def state(self) -> list[mx.array]:
         """Arrays to evaluate so that pending writes are materialised."""

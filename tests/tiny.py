@@ -43,6 +43,18 @@ def _byte_level_tokenizer(extra_tokens=()) -> Tokenizer:
     return tok
 
 
+def write_tokenizer(out: Path, extra_tokens: tuple = ()) -> int:
+    """Write the byte-level tokenizer and a ChatML tokenizer_config to ``out``; returns the
+    vocabulary size."""
+    tok = _byte_level_tokenizer(extra_tokens)
+    tok.save(str(Path(out) / "tokenizer.json"))
+    (Path(out) / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": None, "eos_token": "<|im_end|>", "add_bos_token": False,
+        "chat_template": CHATML,
+    }))
+    return tok.get_vocab_size()
+
+
 def make_tiny_model(out: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                     kv_heads: int = 2, intermediate: int = 128, window: int | None = None,
                     bias: bool = False, tie: bool = True, seed: int = 0, scale: float = 1.0,
@@ -50,8 +62,7 @@ def make_tiny_model(out: Path, *, layers: int = 2, hidden: int = 64, heads: int 
     """Write a random model directory to ``out`` and return it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = _byte_level_tokenizer(extra_tokens)
-    vocab = tok.get_vocab_size()
+    vocab = write_tokenizer(out, extra_tokens)
     config = {
         "model_type": "qwen2" if bias else ("mistral" if window else "llama"),
         "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": intermediate,
@@ -66,11 +77,6 @@ def make_tiny_model(out: Path, *, layers: int = 2, hidden: int = 64, heads: int 
     (out / "config.json").write_text(json.dumps(config, indent=1))
     mx.save_safetensors(str(out / "model.safetensors"),
                         _random_weights(config, np.random.default_rng(seed), scale))
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": None, "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": CHATML,
-    }))
     return out
 
 

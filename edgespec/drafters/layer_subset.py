@@ -8,8 +8,8 @@ methods built on it are ``early_exit.py`` and ``layer_skip.py``; ``calibrate.py`
 layers or says that none pays.
 
 The drafter's KV cache is its own and has one slot per layer it runs (slot j holds layer
-``layers[j]``): a KVCache with slots for layers that are never run cannot compact its sliding
-window (``KVCache._compact`` slices every slot).
+``layers[j]``, with that layer's window: ``Target.make_cache(layers)``), so no slot is kept for
+a layer that never runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class LayerSubset:
         return f"{self.target.name}[{len(self.layers)} of {self.target.num_layers} layers]"
 
     def make_cache(self) -> KVCache:
-        return KVCache(len(self.layers), window=self.target.args.sliding_window)
+        return self.target.make_cache(self.layers)
 
     def score(self, tokens, cache: KVCache) -> TargetOutput:
         """``Target.score`` through these layers; ``cache`` comes from ``make_cache``."""

@@ -31,7 +31,7 @@ from mlx.utils import tree_flatten
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from ..targets.llama import Model
+from ..targets.families import build_model
 from ..targets.target import Target
 from .draft_model import DraftModelDrafter
 
@@ -59,7 +59,7 @@ def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Tar
         lower = [b for b in QUANT_BITS if b < have]
         raise ConfigError(f"draft_bits {bits} is not below the target's own {have}-bit "
                           f"quantization, so the draft would be no cheaper; choose one of {lower}")
-    model = Model(target.args)
+    model = build_model(target.args)
     # Float arrays are shared with the target (no copy); nn.quantize makes the new ones.
     model.load_weights(list(_float_weights(target.model).items()), strict=True)
     quantized: list[str] = []

@@ -1,8 +1,9 @@
 """A decoder block fused for small inputs: one q|k|v and one gate|up matmul, and the work on
 each side of attention as one compiled MLX function.
 
-Used by llama-family blocks (``targets/llama.py``) whose weights are float; the module path is the
-pure-MLX twin (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
+Used by pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with
+qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
+(tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
 
@@ -54,16 +55,16 @@ class FusedBlock:
     """
 
     def __init__(self, block, weights: dict[str, mx.array], views: list[mx.array]):
-        a = block.self_attn
+        a, r = block.self_attn, block.self_attn.rope
         self.w = weights
         self.views = views
         self.scale = a.scale
-        self.key = (a.h, a.kv, a.d, block.input_layernorm.eps, a.traditional, a.base, a.rope_scale,
-                    a._freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
-                    block.mlp.gate_proj.weight.shape[0])
-        self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv") if n in weights]
-        if a._freqs is not None:
-            self.pre_args.append(a._freqs)
+        self.key = (a.h, a.kv, a.d, block.input_layernorm.eps, r.traditional, r.base, r.scale,
+                    r.freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
+                    a.q_norm.eps if "nq" in weights else None, block.mlp.gate_proj.weight.shape[0])
+        self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv", "nq", "nk") if n in weights]
+        if r.freqs is not None:
+            self.pre_args.append(r.freqs)
         self.post_args = [weights[n] for n in ("wo", "n2", "wgu", "wd", "bgu", "bd") if n in weights]
 
     @classmethod
@@ -72,6 +73,8 @@ class FusedBlock:
         qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
         if any(type(lin) is not nn.Linear for lin in (*qkv, *gu, a.o_proj, m.down_proj)):
             return None  # quantized (or otherwise custom) layers keep the module path
+        if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
+            return None  # another activation or q/k norm than the fused functions compute
         if not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
@@ -83,6 +86,8 @@ class FusedBlock:
             w["bgu"] = mx.concatenate([lin.bias for lin in gu])
         if "bias" in m.down_proj:
             w["bd"] = m.down_proj.bias
+        if a.q_norm is not None:
+            w["nq"], w["nk"] = a.q_norm.weight, a.k_norm.weight
         mx.eval(w)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
@@ -111,7 +116,7 @@ class FusedBlock:
 
 @lru_cache(maxsize=None)
 def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attention choice
-    h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, inter = key
+    h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, qk_eps, inter = key
     nq, nk = h * d, kv * d
 
     def pre(x, positions, n1, wqkv, *rest):
@@ -120,10 +125,12 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attent
         y = mx.fast.rms_norm(x, n1, eps) @ wqkv.T
         if bqkv:
             y = y + rest.pop(0)
-        freqs = rest.pop(0) if has_freqs else None
         q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
-        q = q.reshape(B, N, h, d).transpose(0, 2, 1, 3)
-        k = k.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
+        q, k = q.reshape(B, N, h, d), k.reshape(B, N, kv, d)
+        if qk_eps is not None:  # per head, before RoPE (qwen3)
+            q, k = mx.fast.rms_norm(q, rest.pop(0), qk_eps), mx.fast.rms_norm(k, rest.pop(0), qk_eps)
+        freqs = rest.pop(0) if has_freqs else None
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = v.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
         kw = dict(traditional=traditional, base=base, scale=rope_scale, freqs=freqs)
         return rope(q, positions, d, **kw), rope(k, positions, d, **kw), v

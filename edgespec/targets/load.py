@@ -15,7 +15,8 @@ import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..loading.tokenizer import Tokenizer
-from .llama import Model, ModelArgs
+from .decoder import Decoder
+from .families import family_of
 from .target import Target
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -30,13 +31,14 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     """Load a model directory; ``dtype`` in (None|'auto', 'float32', 'float16', 'bfloat16')."""
     path = Path(path)
     config = _read_config(path)
-    args = ModelArgs.from_dict(config)
+    family = family_of(config)
+    args = family.args.from_dict(config)
     weights = _read_weights(path)
     quant = config.get("quantization") or config.get("quantization_config")
     dtype = dtype or default_dtype()
     if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
-    model = Model(args)
+    model = family.model(args)
     keep_quantized = quant is not None and dtype == "auto"
     if keep_quantized:
         _quantize_like(model, weights, quant)
@@ -102,7 +104,7 @@ def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
     return out
 
 
-def _quantize_like(model: Model, weights: dict, quant: dict) -> None:
+def _quantize_like(model: Decoder, weights: dict, quant: dict) -> None:
     def predicate(name: str, module: nn.Module):
         if f"{name}.scales" not in weights:
             return False

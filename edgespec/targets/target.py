@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from ..cache import KVCache
 from ..loading.tokenizer import Tokenizer
 from ..tree import DraftTree, attention_mask, chain_mask
-from .llama import Model, ModelArgs
+from .decoder import Decoder, DecoderArgs
 
 @dataclass
 class TargetOutput:
@@ -28,10 +29,10 @@ class TargetOutput:
 
 
 class Target:
-    def __init__(self, model: Model, tokenizer: Tokenizer, path: Path | None = None,
+    def __init__(self, model: Decoder, tokenizer: Tokenizer, path: Path | None = None,
                  dtype: str = "float32", quantized: bool = False):
         self.model = model
-        self.args: ModelArgs = model.args
+        self.args: DecoderArgs = model.args
         self.tokenizer = tokenizer
         self.path = path
         self.dtype = dtype
@@ -49,8 +50,12 @@ class Target:
     def context_length(self) -> int:
         return self.args.max_position_embeddings
 
-    def make_cache(self) -> KVCache:
-        return KVCache(self.num_layers, window=self.args.sliding_window)
+    def make_cache(self, layers: Sequence[int] | None = None) -> KVCache:
+        """A cache for all layers, or for ``layers`` only (slot j for ``layers[j]``), with each
+        layer's window from the model's cache policy."""
+        windows = self.model.cache_windows()
+        layers = range(self.num_layers) if layers is None else layers
+        return KVCache(len(layers), window=[windows[i] for i in layers])
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Final norm + LM head over hidden states (..., H) of the last layer."""
@@ -71,17 +76,27 @@ class Target:
         ids = tree.tokens if tree is not None else tokens
         n = len(ids)
         cache.reserve(n)  # may drop entries that left the window: before the mask is built
-        if tree is None or tree.is_chain:
-            positions = cache.offset
-            mask = chain_mask(n, cache.key_positions(), cache.offset, cache.window)
-        else:
-            positions = cache.offset + tree.depths()
-            mask = attention_mask(tree, cache.key_positions(), cache.offset, cache.window)
+        chain = tree is None or tree.is_chain
+        positions = cache.offset if chain else cache.offset + tree.depths()
+        masks = _masks(None if chain else tree, n, cache)
         if hidden is not None and hidden.shape[0] != n:
             raise ValueError(f"hidden has {hidden.shape[0]} rows for {n} tokens")
         x, captured = self.model(
             None if hidden is not None else (ids if isinstance(ids, mx.array) else mx.array(ids))[None],
-            positions, mask, cache, layers, None if hidden is None else hidden[None], capture)
+            positions, masks, cache, layers, None if hidden is None else hidden[None], capture)
         x = x[0]
         return TargetOutput(self.logits(x) if head else None, x,
                             {i: h[0] for i, h in captured.items()})
+
+
+def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
+    """One mask per cache slot, built once per distinct (window, oldest entry): the chain's or
+    the tree's ancestors-only mask over the keys that slot's layer holds."""
+    built: dict[tuple, object] = {}
+    for group in cache.mask_groups():
+        if group not in built:
+            window, start = group
+            keys = np.arange(start, cache.offset)
+            built[group] = (chain_mask(n, keys, cache.offset, window) if tree is None
+                            else attention_mask(tree, keys, cache.offset, window))
+    return [built[group] for group in cache.mask_groups()]

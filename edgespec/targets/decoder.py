@@ -1,0 +1,116 @@
+"""What every family's model shares: its config fields and the one layer loop.
+
+A family file (``llama.py``, ``qwen3.py``, ``gemma3.py``) defines ``ModelArgs`` (a subclass of
+:class:`DecoderArgs` with the family's own fields and defaults) and ``Model`` (a subclass of
+:class:`Decoder` given its blocks and final norm; the weights keep Hugging Face's names:
+``model.embed_tokens``, ``model.layers.N``, ``model.norm``, ``lm_head``). The loop, the head and the cache policy live here; a family overrides
+``embed`` (Gemma scales the embedding), ``logits`` (soft-capping) or ``cache_windows`` (which
+layers slide) where it differs.
+
+The contract every block keeps: ``block(x, positions, mask, cache, slot)`` with ``positions`` an
+int32 scalar (a chain starting there) or one position per node (a tree), ``mask`` this slot's
+additive or boolean mask (or None), and keys/values written with ``cache.write(slot, k, v)``;
+nothing here commits. ``fuse()`` returns whether the block now runs a fused fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, fields
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..cache import KVCache
+from ..kernels.attention import prepare
+
+
+@dataclass
+class DecoderArgs:
+    """The config fields every family reads (Hugging Face names); unknown keys are dropped."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_dict(cls, config: dict):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+    def __post_init__(self) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+class Decoder(nn.Module):
+    """A family's model: ``__call__`` runs (some of) its layers writing the cache's scratch
+    slots; ``logits`` applies the final norm and the LM head. ``Target.score`` is the one caller."""
+
+    def __init__(self, args: DecoderArgs, blocks: list[nn.Module], norm: nn.Module):
+        super().__init__()
+        self.args = args
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.model.layers = blocks
+        self.model.norm = norm
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.model.embed_tokens(tokens)
+
+    def cache_windows(self) -> list[int | None]:
+        """The cache policy: per layer, its sliding window (None: it attends to everything)."""
+        return [None] * self.args.num_hidden_layers
+
+    def __call__(self, tokens, positions, masks: Sequence, cache: KVCache,
+                 layers: Sequence[int] | None = None, hidden: mx.array | None = None,
+                 capture: Collection[int] = ()) -> tuple[mx.array, dict[int, mx.array]]:
+        """Run ``layers`` (increasing ids; default all) over ``tokens`` (1, N), or over ``hidden``
+        (1, N, H) in place of their embedding. ``masks[slot]`` is the mask of the layer using
+        cache slot ``slot`` (``Target.score`` builds them). Returns the last layer's output
+        (1, N, H) and, for each id in ``capture``, the hidden state entering that layer (id L:
+        the last output).
+
+        Cache slot of layer ``i``: ``i`` when the cache has a slot per layer of the model,
+        otherwise the position of ``i`` in ``layers`` (a cache made for that subset).
+        """
+        x = self.embed(tokens) if hidden is None else hidden
+        positions, _ = prepare(positions, None)
+        ready: dict[int, mx.array | None] = {}  # each distinct mask converted once
+        for m in masks:
+            if id(m) not in ready:
+                ready[id(m)] = prepare(positions, m)[1]
+        blocks = self.model.layers
+        layers = range(len(blocks)) if layers is None else layers
+        own_slots = cache.num_layers == len(blocks)
+        captured = {}
+        for j, i in enumerate(layers):
+            if i in capture:
+                captured[i] = x
+            slot = i if own_slots else j
+            x = blocks[i](x, positions, ready[id(masks[slot])], cache, slot)
+        if len(blocks) in capture:
+            captured[len(blocks)] = x
+        return x, captured
+
+    def fuse(self) -> int:
+        """Fuse every block that has a fused form; returns how many now run fused."""
+        return sum(block.fuse() for block in self.model.layers)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        h = self.model.norm(hidden)
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)

@@ -1,0 +1,76 @@
+"""Which family file runs a config's ``model_type``, and a clear error for the ones none runs.
+
+Each family is one file in ``targets/`` with a ``ModelArgs`` (``from_dict``) and a ``Model``
+(a ``decoder.Decoder``); ``FAMILIES`` maps every model_type it runs to it. ``UNSUPPORTED``
+says, for model types people meet on the hub, what edgespec lacks for them and which mlx-lm
+module runs them (checked against mlx-lm ``MLX_LM_CHECKED``; ``tests/test_families.py``
+checks the installed mlx-lm has each module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedModelError
+from . import gemma3, llama, qwen3
+from .decoder import Decoder, DecoderArgs
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the family file
+    args: type[DecoderArgs]
+    model: type[Decoder]
+
+
+_FILES = {"llama": llama, "qwen3": qwen3, "gemma3": gemma3}
+FAMILIES: dict[str, Family] = {
+    model_type: Family(name, module.ModelArgs, module.Model)
+    for name, module in _FILES.items() for model_type in module.FAMILY
+}
+
+MLX_LM_CHECKED = "0.32.2"
+_MOE, _VISION, _RECURRENT = ("mixture-of-experts layers", "a vision tower",
+                             "recurrent or state-space layers")
+_PLANNED = "a dense family not ported yet"
+UNSUPPORTED: dict[str, tuple[str, str]] = {  # model_type: (what it has, mlx_lm.models module)
+    "mixtral": (_MOE, "mixtral"), "qwen2_moe": (_MOE, "qwen2_moe"),
+    "qwen3_moe": (_MOE, "qwen3_moe"), "deepseek_v2": (_MOE, "deepseek_v2"),
+    "deepseek_v3": (_MOE, "deepseek_v3"), "phimoe": (_MOE, "phimoe"), "olmoe": (_MOE, "olmoe"),
+    "granitemoe": (_MOE, "granitemoe"), "dbrx": (_MOE, "dbrx"), "gpt_oss": (_MOE, "gpt_oss"),
+    "llama4": (_MOE + " and " + _VISION, "llama4"), "glm4_moe": (_MOE, "glm4_moe"),
+    "gemma3": (_VISION + " (its text model alone is gemma3_text)", "gemma3"),
+    "gemma3n": (_VISION + " and audio", "gemma3n"), "mistral3": (_VISION, "mistral3"),
+    "llava": (_VISION, "mistral3"), "pixtral": (_VISION, "pixtral"),
+    "qwen2_vl": (_VISION, "qwen2_vl"), "qwen2_5_vl": (_VISION, "qwen2_vl"),
+    "qwen3_vl": (_VISION, "qwen3_vl"),
+    "mamba": (_RECURRENT, "mamba"), "mamba2": (_RECURRENT, "mamba2"),
+    "falcon_mamba": (_RECURRENT, "mamba"), "recurrent_gemma": (_RECURRENT, "recurrent_gemma"),
+    "rwkv7": (_RECURRENT, "rwkv7"), "jamba": (_RECURRENT + " and " + _MOE, "jamba"),
+    "falcon_h1": (_RECURRENT, "falcon_h1"), "nemotron_h": (_RECURRENT, "nemotron_h"),
+    "lfm2": (_RECURRENT, "lfm2"), "qwen3_next": (_RECURRENT + " and " + _MOE, "qwen3_next"),
+    "gemma2": (_PLANNED, "gemma2"), "gemma": (_PLANNED, "gemma"), "phi3": (_PLANNED, "phi3"),
+    "smollm3": (_PLANNED, "smollm3"), "phi": (_PLANNED, "phi"),
+}
+
+
+def family_of(config: dict) -> Family:
+    """The family that runs ``config`` (a config.json as a dict); UnsupportedModelError naming
+    the model_type, what is supported and, where known, which mlx-lm module runs it."""
+    model_type = config.get("model_type")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    supported = ", ".join(sorted(FAMILIES))
+    if model_type in UNSUPPORTED:
+        what, module = UNSUPPORTED[model_type]
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} ({what}) is not supported by edgespec; supported: "
+            f"{supported}. mlx-lm runs it (mlx_lm.models.{module}, checked with mlx-lm "
+            f"{MLX_LM_CHECKED})")
+    raise UnsupportedModelError(f"model_type {model_type!r} is not supported by edgespec; "
+                                f"supported: {supported}")
+
+
+def build_model(args: DecoderArgs) -> Decoder:
+    """A new model of ``args``' family (random weights until loaded)."""
+    return FAMILIES[args.model_type].model(args)

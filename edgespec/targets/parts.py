@@ -1,0 +1,169 @@
+"""Building blocks the family files in ``targets/`` share: RoPE settings, RMSNorm with an offset
+weight, attention over the cache (with optional per-head q/k norms), the gated MLP, and the
+pre-norm block (llama, qwen3) with its fused fast path.
+
+Every piece takes what differs between families as constructor arguments (the activation, the
+norm class, the rope settings, the attention scale), so a family file only says how its config
+maps onto them. Weight names are Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..cache import KVCache
+from ..errors import UnsupportedModelError
+from ..kernels.activations import silu
+from ..kernels.attention import attend
+from ..kernels.fused_block import FusedBlock, rope
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE over the first ``dims`` features of each head, for a chain or a tree (see ``rope``)."""
+
+    dims: int
+    base: float | None
+    scale: float = 1.0
+    freqs: mx.array | None = None
+    traditional: bool = False
+
+    @classmethod
+    def from_config(cls, dims: int, theta: float, scaling: dict | None,
+                    traditional: bool = False) -> Rope:
+        """Settings for a config's ``rope_theta`` and ``rope_scaling`` (default, linear, llama3)."""
+        scaling = scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind in (None, "default"):
+            return cls(dims, theta, traditional=traditional)
+        if kind == "linear":
+            return cls(dims, theta, 1.0 / float(scaling["factor"]), traditional=traditional)
+        if kind == "llama3":
+            return cls(dims, None, freqs=_llama3_freqs(dims, theta, scaling), traditional=traditional)
+        raise UnsupportedModelError(
+            f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3")
+
+    def __call__(self, x: mx.array, positions) -> mx.array:
+        return rope(x, positions, self.dims, traditional=self.traditional, base=self.base,
+                    scale=self.scale, freqs=self.freqs)
+
+
+def _llama3_freqs(dims: int, theta: float, s: dict) -> mx.array:
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_ctx = s.get("original_max_position_embeddings", 8192)
+    freqs = theta ** (mx.arange(0, dims, 2) / dims)  # wavelength / (2 pi)
+    wavelen = 2 * math.pi * freqs
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = freqs / ((1 - smooth) / factor + smooth)
+    freqs = mx.where(wavelen > old_ctx / low, freqs * factor, freqs)
+    in_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+    return mx.where(in_mid, mid, freqs)
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm scaled by ``1 + weight`` (Gemma stores the weight as an offset from one)."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention writing its keys/values to ``cache`` (slot ``layer``).
+
+    ``qk_norm``: a norm class applied to each head of q and k before RoPE (qwen3, gemma3), or
+    None. ``scale`` multiplies q·k (head_dim ** -0.5 unless the family says otherwise).
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
+                 scale: float, bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None):
+        super().__init__()
+        self.h, self.kv, self.d = heads, kv_heads, head_dim
+        self.scale = scale
+        self.rope = rope
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = qk_norm(head_dim) if qk_norm is not None else None
+        self.k_norm = qk_norm(head_dim) if qk_norm is not None else None
+
+    def __call__(self, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
+        B, N, _ = x.shape
+        q = self.q_proj(x).reshape(B, N, self.h, self.d)
+        k = self.k_proj(x).reshape(B, N, self.kv, self.d)
+        v = self.v_proj(x).reshape(B, N, self.kv, self.d).transpose(0, 2, 1, 3)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.rope(q.transpose(0, 2, 1, 3), positions)
+        k = self.rope(k.transpose(0, 2, 1, 3), positions)
+        k, v = cache.write(layer, k, v)
+        out = attend(q, k, v, self.scale, mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, N, -1))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); ``act`` is SiLU (llama, qwen) or tanh-GELU (gemma)."""
+
+    def __init__(self, dim: int, hidden: int, act: Callable[[mx.array], mx.array], bias: bool = False):
+        super().__init__()
+        self.act = act
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PreNormBlock(nn.Module):
+    """x + attn(norm(x)), then h + mlp(norm(h)): llama, mistral, qwen2, qwen3.
+
+    Float blocks can be fused (``fuse``) to run through ``kernels/fused_block.FusedBlock``; the
+    module path below is its pure-MLX twin (``tests/test_forward.py``).
+    """
+
+    def __init__(self, attn: Attention, mlp: GatedMLP, hidden: int, eps: float):
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = nn.RMSNorm(hidden, eps=eps)
+        self.post_attention_layernorm = nn.RMSNorm(hidden, eps=eps)
+        self._fused: FusedBlock | None = None
+
+    def __call__(self, x, positions, mask, cache, layer):
+        if self._fused is not None and self._fused.current(self):
+            return self._fused(self, x, positions, mask, cache, layer)
+        h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def fuse(self) -> bool:
+        """Concatenate q/k/v and gate/up into one weight each (the modules keep views of it).
+
+        Float layers only; returns whether the block now runs fused. Outputs are unchanged
+        (each output element is the same dot product); what changes is 4 matmuls per block
+        instead of 7 and, on small inputs, one compiled function on each side of attention.
+        """
+        self._fused = FusedBlock.build(self)
+        return self._fused is not None
+
+
+def silu_block(a, *, bias: bool = False, mlp_bias: bool = False, traditional: bool = False,
+               qk_norm: bool = False) -> PreNormBlock:
+    """The pre-norm SiLU block of a ``DecoderArgs`` config (llama's, or qwen3's with q/k norms)."""
+    rope = Rope.from_config(a.head_dim, a.rope_theta, a.rope_scaling, traditional)
+    norm = partial(nn.RMSNorm, eps=a.rms_norm_eps) if qk_norm else None
+    attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, rope,
+                     a.head_dim**-0.5, bias=bias, qk_norm=norm)
+    mlp = GatedMLP(a.hidden_size, a.intermediate_size, silu, bias=mlp_bias)
+    return PreNormBlock(attn, mlp, a.hidden_size, a.rms_norm_eps)

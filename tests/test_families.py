@@ -1,0 +1,187 @@
+"""Every model family against mlx-lm, the oracle for model math, on tiny random weights
+(float32, logits within 1e-4): a prefill, a decode chain after a prefix (mlx-lm with its own
+cache, one token at a time; edgespec scores the chain in one pass), and a tree whose branches are
+each checked as a separate chain. Then greedy speculation per family (lookup and the self-draft
+oracle reproduce plain decoding), a sliding/global model through rollback (compared with plain
+decoding: mlx-lm's rotating cache gets rollback wrong, ml-explore/mlx-lm#1914), and the error
+for model types no family runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec import Engine, SamplingConfig
+from edgespec.drafters.draft_model import DraftModelDrafter
+from edgespec.drafters.early_exit import EarlyExitDrafter
+from edgespec.drafters.layer_skip import LayerSkipDrafter
+from edgespec.drafters.lookup import PromptLookupDrafter
+from edgespec.errors import UnsupportedModelError
+from edgespec.targets import load_target
+from edgespec.targets.families import FAMILIES, UNSUPPORTED, family_of
+from edgespec.tree import DraftTree
+
+from .oracle import CONFIGS, load_oracle, make_oracle_model, oracle_decode, oracle_logits
+
+pytest.importorskip("mlx_lm")
+
+ATOL = 1e-4
+PROMPT = "the cat sat on the mat and then the cat sat on the mat again"
+GREEDY = SamplingConfig()
+
+
+def _ids(n: int, seed: int, vocab: int = 250) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    made = {}
+
+    def get(name: str, seed: int = 0):
+        if (name, seed) not in made:
+            made[name, seed] = make_oracle_model(root / f"{name}-{seed}", CONFIGS[name], seed)
+        return made[name, seed]
+    return get
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pair(request, dirs):
+    """(edgespec target, mlx-lm model) over the same directory."""
+    path = dirs(request.param)
+    return load_target(path, dtype="float32"), load_oracle(path)
+
+
+def _close(ours, want, what: str) -> None:
+    diff = float(np.max(np.abs(np.array(ours) - want)))
+    assert diff < ATOL, f"{what}: max |logit difference| {diff:.2e} (tolerance {ATOL})"
+
+
+def _prefilled(target, prefix: list[int]):
+    cache = target.make_cache()
+    target.score(prefix, cache, head=False)
+    cache.commit()
+    return cache
+
+
+def test_prefill_matches_mlx_lm(pair):
+    target, oracle = pair
+    ids = _ids(40, 1)  # past the sliding windows (8) of the windowed configs
+    _close(target.score(ids, target.make_cache()).logits, oracle_logits(oracle, ids), "prefill")
+
+
+@pytest.mark.parametrize("prefix_len", [30, 340])  # 340: sliding layers compact their cache
+def test_decode_chain_matches_mlx_lm(pair, prefix_len):
+    target, oracle = pair
+    ids = _ids(prefix_len + 12, 2)
+    prefix, chain = ids[:prefix_len], ids[prefix_len:]
+    cache = _prefilled(target, prefix)
+    _close(target.score(chain, cache).logits, oracle_decode(oracle, prefix, chain), "decode chain")
+    if prefix_len > 300:
+        sliding = [i for i, w in enumerate(cache.windows) if w is not None]
+        assert all(cache.starts[i] > 0 for i in sliding), "sliding layers should have compacted"
+        assert all(cache.starts[i] == 0 for i, w in enumerate(cache.windows) if w is None)
+
+
+def test_tree_branches_match_separate_chains(pair):
+    target, oracle = pair
+    ids = _ids(20, 3)
+    tree = DraftTree([ids[-1], 11, 12, 13, 14, 15, 16, 17, 18],
+                     [-1, 0, 0, 1, 1, 2, 3, 6, 7])  # depth 5: the window (8) slides inside it
+    cache = _prefilled(target, ids[:-1])
+    logits = np.array(target.score(tree, cache).logits)
+    for u in range(len(tree)):
+        path = [tree.tokens[i] for i in tree.path_to(u)]
+        _close(logits[u], oracle_logits(oracle, ids[:-1] + path)[-1], f"tree node {u}")
+
+
+def test_module_path_matches_mlx_lm(dirs):
+    """The fused blocks are checked above; here the module path they are the twin of."""
+    for name in ("llama", "qwen2", "qwen3"):
+        path = dirs(name)
+        target, oracle = load_target(path, dtype="float32"), load_oracle(path)
+        assert target.model.fuse() == target.num_layers  # these families run fused when float
+        for block in target.model.model.layers:
+            block._fused = None
+        ids = _ids(24, 4)
+        _close(target.score(ids, target.make_cache()).logits, oracle_logits(oracle, ids), name)
+
+
+def test_greedy_speculation_is_exact(pair):
+    target, _ = pair
+    plain = Engine(target).generate(PROMPT, max_tokens=32)
+    lookup = Engine(target, PromptLookupDrafter(max_branches=3)).generate(PROMPT, max_tokens=32)
+    assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0
+    self_draft = DraftModelDrafter(target, GREEDY, num_draft=3, max_draft=3, adaptive=False)
+    res = Engine(target, self_draft).generate(PROMPT, max_tokens=32)
+    assert res.token_ids == plain.token_ids and res.stats.acceptance_rate == 1.0
+
+
+def _naive_greedy(target, ids: list[int], n: int) -> list[int]:
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(mx.argmax(target.score(seq, target.make_cache()).logits[-1]).item()))
+    return seq[len(ids):]
+
+
+def test_sliding_and_global_layers_through_rollback(dirs):
+    """Rejected drafts past the window boundary: the sliding layers' caches have compacted,
+    the global ones kept everything, and every drafter's output is plain decoding's. (An untied
+    model: tied random ones mostly repeat their last token, and every draft is then right.)"""
+    name = "gemma3-untied-scaled"  # 6 layers: 2 and 5 global, the others sliding (window 8)
+    target = load_target(dirs(name), dtype="float32")
+    other = load_target(dirs(name, seed=5), dtype="float32")  # disagrees: its drafts get rejected
+    prompt = _ids(360, 7)  # past window + rollback + 256 slots: the sliding layers compact
+    want = Engine(target).generate(prompt, max_tokens=24).token_ids
+    assert want == _naive_greedy(target, prompt, 24)
+    early = EarlyExitDrafter(target, GREEDY, exit_layer=2, num_draft=4, adaptive=False)
+    skip = LayerSkipDrafter(target, GREEDY, layers=[0, 1, 3, 5], num_draft=4, adaptive=False)
+    draft = DraftModelDrafter(other, GREEDY, num_draft=4, max_draft=4, adaptive=False)
+    for d in (early, skip, draft):
+        res = Engine(target, d).generate(prompt, max_tokens=24)
+        assert res.token_ids == want, d.name
+        assert res.stats.proposed > 0 and res.stats.acceptance_rate < 1.0, d.name
+    for d in (skip, draft):  # a draft cache holds each token once, also after it compacted
+        assert max(d.cache.starts) > 0 and d.cache.offset <= len(prompt) + 24
+    oracle = DraftModelDrafter(target, GREEDY, num_draft=4, max_draft=4, adaptive=False)
+    res = Engine(target, oracle).generate(prompt, max_tokens=24)
+    assert res.token_ids == want and res.stats.acceptance_rate == 1.0
+    cache = early.lower.cache  # the target's own cache, trimmed by early exit every step
+    assert [s > 0 for s in cache.starts] == [w is not None for w in cache.windows]
+    assert cache.windows == (8, 8, None, 8, 8, None)
+
+
+@pytest.mark.parametrize("model_type", sorted(UNSUPPORTED))
+def test_unsupported_types_name_themselves_and_mlx_lm(model_type):
+    with pytest.raises(UnsupportedModelError) as e:
+        family_of({"model_type": model_type})
+    message = str(e.value)
+    assert repr(model_type) in message and "qwen3" in message and "gemma3_text" in message
+    module = message.split("mlx_lm.models.")[1].split(",")[0]
+    assert importlib.util.find_spec(f"mlx_lm.models.{module}") is not None, module
+
+
+def test_unknown_type_lists_the_supported_ones():
+    with pytest.raises(UnsupportedModelError, match="'bogus'.*supported: gemma3_text, llama"):
+        family_of({"model_type": "bogus"})
+    assert set(FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "mamba", "bogus"])
+def test_cli_unsupported_family_is_one_line_exit_2(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--model",
+                           str(tmp_path), "hello"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and repr(model_type) in lines[0] and "Traceback" not in proc.stderr
