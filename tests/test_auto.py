@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
 from edgespec.drafters.auto import AutoDrafter
