@@ -20,6 +20,7 @@ The engine underneath, for one thread that drives decoding itself::
     engine.generate([{"role": "user", "content": "Hi"}], max_tokens=64).stats.tau
 """
 
+import importlib
 import warnings
 
 from .loading import _blas
@@ -35,9 +36,7 @@ from .config import GenerationConfig, SamplingConfig, SpecConfig  # noqa: E402
 from .drafters import make_drafter  # noqa: E402
 from .engine import Engine, Result, Stats, Step  # noqa: E402
 from .errors import ConfigError, ContextOverflowError, EdgespecError  # noqa: E402
-from .llm import LLM, load  # noqa: E402
 from .stream_text import Segment  # noqa: E402
-from .streams import AsyncStream, Stream  # noqa: E402
 from .targets import Target  # noqa: E402
 from .targets import load as load_target  # noqa: E402
 
@@ -47,3 +46,18 @@ __all__ = [
     "Step", "Stream", "Target", "load", "load_target", "make_drafter",
 ]
 __version__ = "0.1.0"
+
+# The app API loads on first use: it generates its options from the config classes when it is
+# imported, which must not happen as a side effect of importing the package (or of
+# ``import edgespec.config``; tests/test_options.py extends those classes after that).
+_LAZY = {"LLM": "llm", "load": "llm", "Stream": "streams", "AsyncStream": "streams"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'edgespec' has no attribute {name!r}")
+    return vars(importlib.import_module(f".{_LAZY[name]}", __name__))[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

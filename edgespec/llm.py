@@ -105,7 +105,7 @@ class LLM:
         """Run ``chat`` (``raw=True``: ``complete``) and yield its steps as they are generated;
         ``step.segments`` mark the text that came from accepted drafts."""
         job = ThreadJob(self._request(prompt, raw, options))
-        return Stream(self._worker, self._submit(job))
+        return Stream(self._worker, self._submit(job), self)
 
     async def achat(self, messages: Messages, **options: Any) -> Result:
         """``chat`` for asyncio: the event loop keeps running while the model generates."""
@@ -118,7 +118,7 @@ class LLM:
     def astream(self, prompt: Messages | Text, *, raw: bool = False, **options: Any) -> AsyncStream:
         """``stream`` for asyncio: ``async for step in llm.astream(...)`` (inside a running loop)."""
         job = LoopJob(self._request(prompt, raw, options), asyncio.get_running_loop())
-        return AsyncStream(self._worker, self._submit(job))
+        return AsyncStream(self._worker, self._submit(job), self)
 
     def cancel(self) -> None:
         """Cancel every call of this LLM that is queued or running (safe from any thread)."""

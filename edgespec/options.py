@@ -56,6 +56,7 @@ class Surface:
 
 _INTERACTIVE = Default(lambda given: interactive_method(given.get("draft")),
                        "'draft' with --draft, else 'lookup'")
+_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'lookup'")
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 
@@ -69,7 +70,7 @@ SURFACES: dict[str, Surface] = {
                        skip=("draft",),  # loaded once when the server starts, never by a request
                        defaults={**_SERVER_SPEC, "temperature": Default(1.0, "OpenAI's default"),
                                  "max_tokens": Default(None, "the server's --max-tokens-limit")}),
-    "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE}),  # edgespec.load(**options)
+    "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE_PY}),  # edgespec.load(**options)
     "call": Surface((SpecConfig, SamplingConfig, GenerationConfig),  # llm.chat(..., **options)
                     skip=("draft",)),  # loaded once, with the model
     "doctor": Surface((ModelConfig,)),

@@ -7,13 +7,15 @@ target forward: ``step.text``, ``step.token_ids`` and ``step.segments`` (runs of
 returns the whole :class:`~edgespec.engine.Result`, built from the same steps. ``cancel()`` may be
 called from any thread or task: the call ends after its current step with
 ``finish_reason == "cancelled"`` (text held back for a possible stop string is dropped), and the
-engine's cache stays consistent for the next call. Leaving the loop early, ``close()``, Ctrl+C
-while waiting, cancelling the awaiting task or dropping the stream all cancel the call too.
+engine's cache stays consistent for the next call. Leaving a loop over the stream early (break,
+an exception, Ctrl+C while waiting, cancelling the task that awaits it) or dropping the stream
+cancels the call too.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import AsyncIterator, Iterator
 
 from .engine import Result, Step
 from .worker import Done, Event, Failed, Job, LoopJob, ThreadJob, Worker
@@ -22,10 +24,12 @@ from .worker import Done, Event, Failed, Job, LoopJob, ThreadJob, Worker
 class _Reader:
     """What both streams share: the job, the steps so far, the result once it is done."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, owner: object):
         self._job = job
+        self._owner = owner  # the LLM: kept alive while a stream of it is (closing it cancels)
         self._steps: list[Step] = []
         self._result: Result | None = None
+        self._error: BaseException | None = None
         weakref.finalize(self, job.cancel)  # a stream dropped unread does not keep generating
 
     def cancel(self) -> None:
@@ -37,39 +41,43 @@ class _Reader:
         """Whether the call has ended and ``result()`` returns without waiting."""
         return self._result is not None
 
-    def _take(self, event: Event) -> Step | None:
-        """The step ``event`` carries; None when it ends the call (the result is then kept)."""
+    def _running(self) -> bool:
+        """Whether the call is still running; a failed call raises its error (on every read)."""
+        if self._error is not None:
+            raise self._error
+        return self._result is None
+
+    def _take(self, event: Event | None) -> Step | None:
+        """The step ``event`` carries; None for a tick spent waiting or the call's end."""
         if isinstance(event, Step):
             self._steps.append(event)
             return event
         if isinstance(event, Done):
             self._result = Result.from_steps(self._steps, event.stats, event.finish_reason)
-            return None
-        assert isinstance(event, Failed)
-        raise event.error
+        elif isinstance(event, Failed):
+            self._error = event.error
+        return None
+
+    def _stop_unless_done(self) -> None:
+        if self._result is None:  # the reader left early (break, an exception): end the call
+            self.cancel()
 
 
 class Stream(_Reader):
     """The steps of one call, for a thread: ``for step in stream: print(step.text, end="")``."""
 
-    def __init__(self, worker: Worker, job: ThreadJob):
-        super().__init__(job)
+    def __init__(self, worker: Worker, job: ThreadJob, owner: object = None):
+        super().__init__(job, owner)
         self._events = worker.events_blocking(job)
 
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> Step:
-        while self._result is None:
-            try:
-                event = next(self._events)
-            except BaseException:  # Ctrl+C while waiting, or the worker stopped: end the call
-                self.cancel()
-                raise
-            step = self._take(event)
-            if step is not None:
-                return step
-        raise StopIteration
+    def __iter__(self) -> Iterator[Step]:
+        try:
+            while self._running():
+                step = self._take(next(self._events))
+                if step is not None:
+                    yield step
+        finally:
+            self._stop_unless_done()
 
     def result(self) -> Result:
         """Wait for the end of the call (reading the steps not read yet) and return its Result."""
@@ -78,38 +86,22 @@ class Stream(_Reader):
         assert self._result is not None
         return self._result
 
-    def close(self) -> None:
-        """Cancel the call if it is still running (what leaving a ``with`` block does)."""
-        self.cancel()
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class AsyncStream(_Reader):
     """The steps of one call, for asyncio: ``async for step in stream: ...``."""
 
-    def __init__(self, worker: Worker, job: LoopJob):
-        super().__init__(job)
+    def __init__(self, worker: Worker, job: LoopJob, owner: object = None):
+        super().__init__(job, owner)
         self._events = worker.events(job)
 
-    def __aiter__(self) -> AsyncStream:
-        return self
-
-    async def __anext__(self) -> Step:
-        while self._result is None:
-            try:
-                event = await self._events.__anext__()
-            except BaseException:  # the awaiting task was cancelled, or the worker stopped
-                self.cancel()
-                raise
-            step = None if event is None else self._take(event)  # None: a tick spent waiting
-            if step is not None:
-                return step
-        raise StopAsyncIteration
+    async def __aiter__(self) -> AsyncIterator[Step]:
+        try:
+            while self._running():
+                step = self._take(await self._events.__anext__())
+                if step is not None:
+                    yield step
+        finally:
+            self._stop_unless_done()
 
     async def result(self) -> Result:
         """Wait for the end of the call (reading the steps not read yet) and return its Result."""
@@ -117,14 +109,3 @@ class AsyncStream(_Reader):
             pass
         assert self._result is not None
         return self._result
-
-    async def aclose(self) -> None:
-        """Cancel the call if it is still running (what leaving an ``async with`` block does)."""
-        self.cancel()
-        await self._events.aclose()
-
-    async def __aenter__(self) -> AsyncStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()

@@ -195,7 +195,9 @@ def test_bad_options_raise_config_error_naming_them_and_what_is_allowed(llm, mod
 def test_help_lists_the_public_names_and_options():
     assert {"LLM", "load", "load_target", "Stream", "AsyncStream", "Result", "Step",
             "ConfigError"} <= set(edgespec.__all__)
-    assert set(edgespec.__all__) <= set(vars(edgespec))
+    public: dict = {}
+    exec("from edgespec import *", public)  # every name in __all__ resolves
+    assert set(edgespec.__all__) <= set(public) and public["load"] is edgespec.load
     for option in ("method:", "num_draft:", "temperature:", "max_tokens:", "stop:"):
         assert option in edgespec.load.__doc__
 
