@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import edgespec
 from edgespec.cli import main
 
 pytestmark = pytest.mark.demo
@@ -35,8 +34,8 @@ def readme_api_section() -> str:
     return text[start:end]
 
 
-def run_blocks(blocks: list[str], name: str) -> list[str]:
-    """Execute ``blocks`` in one namespace; what each printed."""
+def run_blocks(blocks: list[str], name: str) -> tuple[list[str], dict]:
+    """Execute ``blocks`` in one namespace: what each printed, and the namespace."""
     namespace: dict = {"__name__": f"docs:{name}"}
     printed = []
     for i, code in enumerate(blocks):
@@ -44,10 +43,7 @@ def run_blocks(blocks: list[str], name: str) -> list[str]:
         with contextlib.redirect_stdout(out):
             exec(compile(code, f"{name} block {i + 1}", "exec"), namespace)
         printed.append(out.getvalue())
-    for value in namespace.values():
-        if isinstance(value, edgespec.LLM):
-            value.close()
-    return printed
+    return printed, namespace
 
 
 def test_block_extraction():
@@ -58,9 +54,9 @@ def test_block_extraction():
 def test_readme_api_examples_run_and_hello_is_answered_like_the_chat():
     blocks = python_blocks(readme_api_section())
     assert len(blocks) >= 2
-    printed = run_blocks(blocks, "README.md")
+    printed, namespace = run_blocks(blocks, "README.md")
     assert all(p.strip() for p in printed)  # each example shows something
-    with edgespec.load("demo", progress=False) as llm:
+    with namespace["llm"] as llm:
         hello = llm.chat("Hello", max_tokens=24)
     out = CliRunner().invoke(main, ["generate", "--model", "demo", "--json", "--max-tokens", "24",
                                     "Hello"], catch_exceptions=False).output
@@ -70,7 +66,7 @@ def test_readme_api_examples_run_and_hello_is_answered_like_the_chat():
 
 def test_api_doc_examples_run():
     blocks = python_blocks((ROOT / "docs" / "api.md").read_text())
-    assert len(blocks) >= 10
-    printed = run_blocks(blocks, "docs/api.md")
+    assert len(blocks) >= 12
+    printed, _ = run_blocks(blocks, "docs/api.md")
     assert "Paris" in printed[0]
     assert "cancelled" in "".join(printed)
