@@ -118,6 +118,11 @@ def test_cancel_mid_stream_then_a_new_call_is_correct(endless):
     cut = stream.result()
     assert cut.finish_reason == "cancelled" and 3 <= len(cut.token_ids) < 1500
     assert llm.chat(HI, max_tokens=20).token_ids == reference(llm, HI, 20)
+    left = llm.stream("once upon a time", max_tokens=1500)
+    for _ in left:
+        break  # leaving the loop cancels the call
+    assert left.result().finish_reason == "cancelled"
+    assert llm.chat(HI, max_tokens=20).token_ids == reference(llm, HI, 20)
 
 
 def test_cancel_from_another_thread_and_from_an_asyncio_task(endless):
