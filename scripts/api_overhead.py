@@ -5,7 +5,8 @@ Usage: python scripts/api_overhead.py [MODEL] [ROUNDS] [METHOD] — the same cha
 ``LLM.stream`` (a step at a time) and through ``Engine.generate`` on this thread, over the same
 loaded weights. The three are interleaved per prompt, in a rotating order, so drift on a shared
 machine touches them alike; the output must be identical. Prints the median wall time per token
-of each and the median per-call difference to the engine. Run it on a quiet machine.
+of each and, per API path, the median and quartiles of its time over the engine's on the same
+prompt in the same round (1.000 = no overhead). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(ref: str = "demo", rounds: str = "5", method: str = "none") -> None:
     for fn in paths.values():  # warm-up: compilation, first-call costs
         fn(PROMPTS[0])
     per_token = {name: [] for name in paths}
-    extra = {name: [] for name in paths if name != "engine"}
+    ratio = {name: [] for name in paths if name != "engine"}  # paired: the same prompt and round
     for r in range(int(rounds)):
         for i, p in enumerate(PROMPTS):
             names = list(paths)
@@ -55,15 +56,16 @@ def main(ref: str = "demo", rounds: str = "5", method: str = "none") -> None:
             n = len(ids["engine"])
             for name in paths:
                 per_token[name].append(took[name] / n * 1e3)
-            for name in extra:
-                extra[name].append((took[name] - took["engine"]) * 1e3)
-    base = statistics.median(per_token["engine"])
+            for name in ratio:
+                ratio[name].append(took[name] / took["engine"])
     print(f"{ref}, method {method}, {len(PROMPTS)} prompts x {rounds} rounds, {MAX_TOKENS} tokens max")
     for name, values in per_token.items():
         med = statistics.median(values)
-        line = f"{name:>7}: {med:7.2f} ms/token (min {min(values):.2f})  {med / base:.3f}x engine"
-        if name in extra:
-            line += f"; per call vs engine: median {statistics.median(extra[name]):+.1f} ms"
+        line = f"{name:>7}: {med:7.2f} ms/token (min {min(values):.2f})"
+        if name in ratio:
+            q = statistics.quantiles(ratio[name], n=4)
+            line += (f"; paired time / engine's: median {statistics.median(ratio[name]):.3f} "
+                     f"(quartiles {q[0]:.3f}-{q[2]:.3f})")
         print(line)
     llm.close()
 
