@@ -79,9 +79,9 @@ def main() -> None:
 
 
 def load_engine(c: options.Configs):
-    from . import Engine, load, make_drafter
+    from . import Engine, load_target, make_drafter
 
-    target = load(c.model.model, dtype=c.model.dtype)
+    target = load_target(c.model.model, dtype=c.model.dtype)
     return Engine(target, make_drafter(c.spec, target, c.sampling), c.sampling)
 
 

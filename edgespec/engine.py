@@ -63,11 +63,20 @@ class Step:
 
 @dataclass
 class Result:
+    """A whole generation: its text, token ids, why it ended and what it cost (``stats``)."""
+
     text: str
     token_ids: list[int]
     stats: Stats
-    finish_reason: str = "length"
+    finish_reason: str = "length"  # "stop" | "length" | "cancelled"
     steps: list[Step] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_steps(cls, steps: list[Step], stats: Stats, finish_reason: str | None = None) -> Result:
+        """The Result of ``steps``; ``finish_reason`` defaults to the last step's."""
+        reason = finish_reason or (steps[-1].finish_reason if steps else None) or "length"
+        return cls("".join(s.text for s in steps), [t for s in steps for t in s.token_ids], stats,
+                   reason, steps)
 
 
 class Engine:
@@ -101,10 +110,9 @@ class Engine:
         return encode_prompt(self.target.tokenizer, prompt)
 
     def generate(self, prompt: Prompt, **kwargs) -> Result:
+        """``stream``'s steps gathered into one :class:`Result` (same keyword arguments)."""
         steps = list(self.stream(prompt, **kwargs))
-        ids = [t for s in steps for t in s.token_ids]
-        reason = steps[-1].finish_reason if steps else "length"
-        return Result("".join(s.text for s in steps), ids, self.last_stats, reason or "length", steps)
+        return Result.from_steps(steps, self.last_stats)
 
     def stream(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
                generation: GenerationConfig | None = None,

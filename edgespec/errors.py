@@ -41,3 +41,7 @@ class ContextOverflowError(EdgespecError, ValueError):
 
 class CacheRollbackError(EdgespecError):
     """A cache cannot be rolled back, so speculative decoding cannot use it."""
+
+
+class UnavailableError(EdgespecError):
+    """The generation worker is stopping or has stopped; the request was not run."""

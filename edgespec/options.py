@@ -2,9 +2,10 @@
 
 Contract: the flags of ``generate``, ``bench``, ``serve``, ``chat`` (and ``doctor``,
 ``make-draft``) come from ``click_options``, the server's request fields from ``SURFACES["request"]``
-(``server/schemas.py``), and what any surface was given becomes configs through ``values`` /
-``config`` / ``spec_for``, so a field added to a config class shows up everywhere with the same
-type, help, default and validation. A surface whose default deliberately differs from the
+(``server/schemas.py``), the Python API's keywords from ``SURFACES["python"]`` (``edgespec.load``)
+and ``SURFACES["call"]`` (one call; ``checked`` rejects other names), and what any surface was
+given becomes configs through ``values`` / ``config`` / ``spec_for``, so a field added to a
+config class shows up everywhere with the same type, help, default and validation. A surface whose default deliberately differs from the
 dataclass says so here, in ``SURFACES``, and its --help shows why.
 """
 
@@ -19,6 +20,7 @@ import click
 
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from .drafters import registry
+from .errors import ConfigError
 
 CONFIGS = (ModelConfig, SpecConfig, SamplingConfig, GenerationConfig)
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": tuple}
@@ -54,6 +56,7 @@ class Surface:
 
 _INTERACTIVE = Default(lambda given: interactive_method(given.get("draft")),
                        "'draft' with --draft, else 'lookup'")
+_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'lookup'")
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 
@@ -67,6 +70,9 @@ SURFACES: dict[str, Surface] = {
                        skip=("draft",),  # loaded once when the server starts, never by a request
                        defaults={**_SERVER_SPEC, "temperature": Default(1.0, "OpenAI's default"),
                                  "max_tokens": Default(None, "the server's --max-tokens-limit")}),
+    "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE_PY}),  # edgespec.load(**options)
+    "call": Surface((SpecConfig, SamplingConfig, GenerationConfig),  # llm.chat(..., **options)
+                    skip=("draft",)),  # loaded once, with the model
     "doctor": Surface((ModelConfig,)),
     "make-draft": Surface((ModelConfig,), skip=("dtype",)),
 }
@@ -123,6 +129,16 @@ def given(surface: str, kw: Mapping) -> dict:
     """The options of ``surface`` present in ``kw`` (None or an empty repeatable: not given)."""
     names = {f.name for f in SURFACES[surface].fields()}
     return {k: v for k, v in kw.items() if k in names and v is not None and v != ()}
+
+
+def checked(surface: str, kw: Mapping) -> dict:
+    """``given``, for keyword arguments: a name that is not an option of ``surface`` is a
+    ConfigError naming it and listing the options."""
+    names = [f.name for f in SURFACES[surface].fields()]
+    unknown = sorted(set(kw) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; the options are: {', '.join(names)}")
+    return given(surface, kw)
 
 
 def values(surface: str, kw: Mapping) -> dict:

@@ -116,7 +116,7 @@ def record(path: str, limit: int | None) -> None:
     from edgespec import Engine
     from edgespec.bench import load_prompts
 
-    target = edgespec.load("demo", progress=False)
+    target = edgespec.load_target("demo", progress=False)
     eng = Engine(target, reuse_prefix=False)
     out = []
     for p in load_prompts("../shared/eval/mt_bench.jsonl", limit=limit):

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
-from edgespec import Engine, load
+from edgespec import Engine, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT.parent / "shared" / "eval" / "mt_bench.jsonl"
@@ -156,7 +156,7 @@ def main() -> None:
     lines = PROMPTS.read_text().splitlines()
     questions = [json.loads(x)["turns"] for x in lines[:: max(1, len(lines) // args.prompts)]][: args.prompts]
 
-    engine = Engine(load(args.model, progress=False))
+    engine = Engine(load_target(args.model, progress=False))
     servers = {"prefix reuse": start_server(args.model)}
     if not args.skip_ttft:
         servers["--no-prefix-reuse"] = start_server(args.model, "--no-prefix-reuse")

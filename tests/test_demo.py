@@ -30,10 +30,10 @@ def _prompts(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    target = edgespec.load("demo", progress=False)
+    target = edgespec.load_target("demo", progress=False)
     draft_dir = truncate_model(resolve_model("demo", progress=False), 4,
                                tmp_path_factory.mktemp("d") / "draft4")
-    return target, edgespec.load(str(draft_dir), progress=False)
+    return target, edgespec.load_target(str(draft_dir), progress=False)
 
 
 def test_draft_model_matches_plain_greedy_on_mt_bench(demo):

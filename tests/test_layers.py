@@ -7,8 +7,9 @@ The picture (``docs/architecture.md``), bottom to top:
     2  kernels/, verify
     3  targets/
     4  drafters/
-    5  engine, options (what each surface takes from the config classes)
-    6  bench, bench_plot, doctor, server/, tui/, cli, __init__ (the surfaces)
+    5  engine, options (what each surface takes from the config classes), worker (the one
+       generation thread the server and the Python API run the engine on)
+    6  bench, bench_plot, doctor, server/, tui/, cli, llm, streams, __init__ (the surfaces)
 
 A module missing from ``LAYERS`` fails the test, so a new file has to take a place in the
 picture. Imports inside functions count too (a lazy import is still a dependency).
@@ -27,8 +28,9 @@ LAYERS = {
     "kernels": 2, "verify": 2,
     "targets": 3,
     "drafters": 4,
-    "engine": 5, "options": 5,
-    "bench": 6, "bench_plot": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6, "__init__": 6,
+    "engine": 5, "options": 5, "worker": 5,
+    "bench": 6, "bench_plot": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6, "llm": 6, "streams": 6,
+    "__init__": 6,
     "__main__": 6,
 }
 EXCEPTIONS = {

@@ -49,7 +49,9 @@ EXTEND = textwrap.dedent("""
            for cmd in ("generate", "bench", "serve", "chat")}
     out["chat_request"] = sorted(ChatCompletionRequest.model_fields)
     out["completion_request"] = sorted(CompletionRequest.model_fields)
-    api = options.configs("generate", {"typical_p": 0.5, "tree_width": 3, "min_tokens": 2})
+    new = {"typical_p": 0.5, "tree_width": 3, "min_tokens": 2}
+    out["python"] = [sorted(options.checked(s, new)) for s in ("python", "call")]
+    api = options.configs("generate", new)
     out["api"] = [api.sampling.typical_p, api.spec.tree_width, api.generation.min_tokens]
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], typical_p=0.5,
                                  tree_width=3, min_tokens=2)
@@ -70,7 +72,8 @@ def test_a_field_added_to_a_config_class_reaches_every_surface():
             assert flag in out[cmd], (cmd, flag)
     for fields in (out["chat_request"], out["completion_request"]):
         assert {"typical_p", "tree_width", "min_tokens"} <= set(fields)
-    assert out["api"] == [0.5, 3, 2]  # the Python keyword path
+    assert out["api"] == [0.5, 3, 2]  # the configs built from keywords
+    assert out["python"] == [["min_tokens", "tree_width", "typical_p"]] * 2  # load() and a call
     assert out["server"] == [0.5, 3, 2]  # a request body through the server's conversion
 
 

@@ -189,7 +189,7 @@ def test_disconnect_mid_stream_cancels_and_next_request_is_served(live, client):
 def test_generation_failure_is_that_requests_error_only(live, client, monkeypatch):
     """An exception inside generation answers that request (500, or an error event mid-stream);
     the worker lives on and the next request is served."""
-    import edgespec.server.worker as worker_module
+    import edgespec.worker as worker_module
 
     reference = chat_text(client)
 
@@ -207,20 +207,21 @@ def test_generation_failure_is_that_requests_error_only(live, client, monkeypatc
 
 def test_worker_skips_cancelled_jobs_and_fails_queued_ones_on_stop(model_dir):
     """No queued request waits forever: a job cancelled while queued is skipped, a running one
-    stops at its next step, and stop() answers every job still queued with UnavailableError."""
+    stops at its next step (both end with Done "cancelled"), and stop() answers every job still
+    queued with UnavailableError."""
     from fastapi.testclient import TestClient
 
     from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.prompt import encode_prompt
-    from edgespec.server.errors import UnavailableError
-    from edgespec.server.worker import Done, Failed, GenRequest
+    from edgespec.errors import UnavailableError
+    from edgespec.worker import Done, Failed, GenRequest, LoopJob
 
     state = ServerState.start(ServerSettings(model=str(model_dir)), progress=False)
     worker, ids = state.worker, encode_prompt(state.target.tokenizer, "the cat")
 
     def job(n, loop):
-        return worker.submit(GenRequest(ids, GenerationConfig(max_tokens=n), SamplingConfig(),
-                                        SpecConfig()), loop)
+        return worker.submit(LoopJob(GenRequest(ids, GenerationConfig(max_tokens=n),
+                                                SamplingConfig(), SpecConfig()), loop))
 
     async def cancelling():
         loop = asyncio.get_running_loop()
@@ -231,7 +232,10 @@ def test_worker_skips_cancelled_jobs_and_fails_queued_ones_on_stop(model_dir):
         probe = job(4, loop)
         while not isinstance(await asyncio.wait_for(probe.events.get(), 10), Done):
             pass
-        return waiting.events.empty()
+        skipped = [waiting.events.get_nowait() for _ in range(waiting.events.qsize())]
+        stopped = [running.events.get_nowait() for _ in range(running.events.qsize())]
+        return [type(e) for e in skipped] == [Done] and skipped[0].finish_reason == "cancelled" \
+            and stopped[-1].finish_reason == "cancelled"
 
     async def stopping():
         loop = asyncio.get_running_loop()

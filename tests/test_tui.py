@@ -127,9 +127,9 @@ def test_reply_segments_are_the_engines(tiny):
 
 def test_session_stop_before_the_stream_begins(tiny):
     """A stop that lands between sending and the first step still stops the answer early."""
-    from edgespec import load
+    from edgespec import load_target
 
-    session = ChatSession(load(tiny), generation=GenerationConfig(max_tokens=500))
+    session = ChatSession(load_target(tiny), generation=GenerationConfig(max_tokens=500))
     session.target.tokenizer.eos_token_ids = frozenset()
     session.stop()
     updates = list(session.reply("hi"))
@@ -141,11 +141,11 @@ def test_session_stop_before_the_stream_begins(tiny):
 def test_session_methods_and_draft_needs_come_from_the_registry(tiny):
     """The palette lists the registry's methods this session can run: those needing a draft
     model (draft, cascade) only with --draft, which is then loaded once for all of them."""
-    from edgespec import load
+    from edgespec import load_target
     from edgespec.drafters import registry
     from edgespec.errors import ConfigError
 
-    target = load(tiny)
+    target = load_target(tiny)
     alone = ChatSession(target, spec=SpecConfig(method="lookup"))
     assert alone.methods == list(registry.available(None)) and "cascade" not in alone.methods
     with pytest.raises(ConfigError, match="--draft REF to use 'cascade'"):

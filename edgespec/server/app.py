@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from .. import __version__
 from ..engine import Step
 from ..errors import EdgespecError
+from ..worker import Done, Failed, GenRequest, LoopJob, Worker
 from . import convert
 from .errors import UnavailableError, error_response, error_status_and_body
 from .middleware import ApiKeyGuard, BodyLimit
@@ -38,9 +39,7 @@ from .schemas import (
     ModelList,
 )
 from .state import ServerState
-from .worker import Done, Failed, GenRequest, Job, Worker
 
-_TICK_S = 1.0  # how often a waiting handler checks the worker and its client
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 # With "stream": true a 200 is a server-sent event stream; its schema describes one event (as
 # OpenAPI 3.2 reads text/event-stream): a JSON chunk, or "[DONE]", in ``data``.
@@ -102,7 +101,7 @@ def _include_usage(body) -> bool:
 
 
 async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream: bool) -> Response:
-    job = worker.submit(gen, asyncio.get_running_loop())
+    job = worker.submit(LoopJob(gen, asyncio.get_running_loop()))
     if stream:
         return _EventStream(job, _stream_events(job, worker, fmt))
     try:
@@ -119,28 +118,19 @@ async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream
         job.cancel()  # no-op once Done; otherwise the worker skips or stops the job
 
 
-async def _events(job: Job, worker: Worker, request: Request | None = None) -> AsyncIterator:
+async def _events(job: LoopJob, worker: Worker, request: Request | None = None) -> AsyncIterator:
     """The job's events up to the terminal one; ``None`` for each tick spent waiting.
 
     Returns early if ``request``'s client disconnects; raises ``UnavailableError`` if the
     worker stops without answering, so no handler waits forever.
     """
-    while True:
-        try:
-            event = await asyncio.wait_for(job.events.get(), _TICK_S)
-        except asyncio.TimeoutError:
-            if not worker.alive:
-                raise UnavailableError("the generation worker stopped before answering") from None
-            if request is not None and await request.is_disconnected():
-                return
-            yield None
-            continue
-        yield event
-        if isinstance(event, (Done, Failed)):
+    async for event in worker.events(job):
+        if event is None and request is not None and await request.is_disconnected():
             return
+        yield event
 
 
-async def _stream_events(job: Job, worker: Worker, fmt) -> AsyncIterator[str]:
+async def _stream_events(job: LoopJob, worker: Worker, fmt) -> AsyncIterator[str]:
     opening = fmt.opening()
     if opening is not None:
         yield sse(opening)
@@ -165,7 +155,7 @@ async def _stream_events(job: Job, worker: Worker, fmt) -> AsyncIterator[str]:
 class _EventStream(StreamingResponse):
     """Server-sent events whose job is cancelled however the response ends (done, error, hang-up)."""
 
-    def __init__(self, job: Job, content: AsyncIterator[str]):
+    def __init__(self, job: LoopJob, content: AsyncIterator[str]):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.job = job

@@ -18,10 +18,10 @@ from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import registry
 from ..errors import ConfigError, ContextOverflowError
 from ..prompt import check_context, encode_prompt
+from ..worker import GenRequest
 from .errors import ModelNotFoundError, RequestError
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 from .state import ServerState
-from .worker import GenRequest
 
 
 def chat_request(body: ChatCompletionRequest, state: ServerState) -> GenRequest:

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..errors import ConfigError, ContextOverflowError, EdgespecError
+from ..errors import ConfigError, ContextOverflowError, EdgespecError, UnavailableError
 
 log = logging.getLogger("edgespec.server")
 
@@ -38,10 +38,6 @@ class ModelNotFoundError(RequestError):
 
 class RequestTooLargeError(EdgespecError):
     """The request body is over the server's size limit."""
-
-
-class UnavailableError(EdgespecError):
-    """The generation worker is stopping or has stopped; the request was not run."""
 
 
 # (exception type, HTTP status, OpenAI error type, code); the first matching row wins, so

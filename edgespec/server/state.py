@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, fields
 
 from .. import options
 from ..config import SpecConfig
-from ..drafters import load_draft, registry
+from ..drafters import registry
 from ..errors import ConfigError
-from ..targets import load
-from .worker import Worker
+from ..worker import Worker, loader
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -82,14 +81,8 @@ class ServerState:
 
     @classmethod
     def start(cls, settings: ServerSettings, progress: bool = True) -> "ServerState":
-        def load_models():
-            target = load(settings.model, dtype=settings.dtype, progress=progress)
-            draft = None
-            if settings.draft:  # loaded once; every request's drafter shares it
-                draft = load_draft(settings.draft, target, progress=progress)
-            return target, draft
-
-        return cls(settings, Worker(load_models, settings.reuse_prefix).start())
+        load = loader(settings.model, settings.draft, settings.dtype, progress)
+        return cls(settings, Worker(load, settings.reuse_prefix).start())
 
     @property
     def model_name(self) -> str:

@@ -1,0 +1,210 @@
+"""The Python API for apps: ``llm = edgespec.load(model, **options)``, then ``llm.chat(...)``.
+
+Contract:
+- An :class:`LLM` owns one model and one generation thread (``worker.Worker``, the server's):
+  every call is queued to it and runs alone, so one LLM may be shared by threads and asyncio
+  tasks; concurrent calls run one after another and each gets exactly its own output.
+- The keyword options are the config fields (``config.py``), taken through ``options.py`` like
+  the CLI's flags and the server's request fields: given to ``load`` they are every call's
+  defaults, given to a call they apply to that call. They are validated on the caller's thread
+  before anything is queued; a bad name or value raises :class:`ConfigError` naming it and
+  what is allowed. Speculation is lossless: options change the speed, never the output (except
+  the sampling and stop options, which say what to generate).
+- ``chat`` takes chat messages (a str is one user message) and applies the model's chat
+  template; ``complete`` continues raw text (or token ids). ``stream`` / ``astream`` yield the
+  steps as they come (``raw=True``: like ``complete``); ``achat`` / ``acomplete`` are awaitable.
+- Multi-turn: send the whole conversation each time. The engine keeps the previous call's KV
+  cache and computes only what follows the shared prefix (``result.stats.cached_tokens``).
+- Cancelling (``Stream.cancel()``, ``LLM.cancel()``, leaving a loop, cancelling a task) ends a
+  call after its current step and leaves the cache consistent; see ``streams.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import weakref
+from typing import Any, Union
+
+from . import options
+from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from .drafters import registry
+from .engine import Result
+from .errors import ConfigError
+from .prompt import check_context, encode_prompt
+from .streams import AsyncStream, Stream
+from .targets import Target
+from .worker import GenRequest, Job, LoopJob, ThreadJob, Worker, loader
+
+Messages = Union[str, list[dict[str, str]]]
+"""Chat input: a list of ``{"role": ..., "content": ...}`` messages, or one user message as a str."""
+Text = Union[str, list[int]]
+"""Raw input: text to continue, or token ids."""
+
+
+class LLM:
+    """A loaded model that answers chats and continues text, with speculative decoding.
+
+    Make one with :func:`edgespec.load` (or ``LLM(target, **options)`` for a :class:`Target`
+    already loaded). Close it with :meth:`close` or a ``with`` block; it is also closed when it is
+    garbage collected and at interpreter exit.
+    """
+
+    def __init__(self, model: str | Target = "demo", *, progress: bool = True, **kw: Any) -> None:
+        given = options.checked("python", kw)
+        self._defaults = options.values("python", given)
+        dtype = ModelConfig(model if isinstance(model, str) else "loaded",
+                            self._defaults.get("dtype")).dtype
+        self._configs({})  # a bad method or other option fails here, before anything is loaded
+        load = loader(model, self._defaults.get("draft"), dtype, progress)
+        self._worker = Worker(load).start()
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
+
+    # -- what it is -----------------------------------------------------------------------------
+
+    @property
+    def target(self) -> Target:
+        """The loaded model (its ``tokenizer``, ``name``, ``context_length``). Run it yourself
+        only through an ``Engine`` of your own, and not while a call of this LLM is running."""
+        assert self._worker.target is not None
+        return self._worker.target
+
+    @property
+    def method(self) -> str:
+        """The drafting method of calls that name none; assign a method name to switch."""
+        return self._defaults["method"]
+
+    @method.setter
+    def method(self, name: str) -> None:
+        self._spec(name, {})  # ConfigError for an unknown method, or one this LLM cannot run
+        self._defaults = {**self._defaults, "method": name}
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods this LLM can run (``draft`` and ``cascade`` need ``load(..., draft=REF)``)."""
+        return registry.available(self._defaults.get("draft"))
+
+    def __repr__(self) -> str:
+        return f"LLM({self.target.name!r}, method={self.method!r})"
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def chat(self, messages: Messages, **options: Any) -> Result:
+        """The model's answer to ``messages`` (a str is one user message), as a :class:`Result`:
+        ``text``, ``token_ids``, ``finish_reason`` ("stop", "length" or "cancelled"), ``stats``."""
+        return self.stream(messages, **options).result()
+
+    def complete(self, text: Text, **options: Any) -> Result:
+        """The continuation of raw ``text`` (or token ids), without the chat template."""
+        return self.stream(text, raw=True, **options).result()
+
+    def stream(self, prompt: Messages | Text, *, raw: bool = False, **options: Any) -> Stream:
+        """Run ``chat`` (``raw=True``: ``complete``) and yield its steps as they are generated;
+        ``step.segments`` mark the text that came from accepted drafts."""
+        job = ThreadJob(self._request(prompt, raw, options))
+        return Stream(self._worker, self._submit(job), self)
+
+    async def achat(self, messages: Messages, **options: Any) -> Result:
+        """``chat`` for asyncio: the event loop keeps running while the model generates."""
+        return await self.astream(messages, **options).result()
+
+    async def acomplete(self, text: Text, **options: Any) -> Result:
+        """``complete`` for asyncio."""
+        return await self.astream(text, raw=True, **options).result()
+
+    def astream(self, prompt: Messages | Text, *, raw: bool = False, **options: Any) -> AsyncStream:
+        """``stream`` for asyncio: ``async for step in llm.astream(...)`` (inside a running loop)."""
+        job = LoopJob(self._request(prompt, raw, options), asyncio.get_running_loop())
+        return AsyncStream(self._worker, self._submit(job), self)
+
+    def cancel(self) -> None:
+        """Cancel every call of this LLM that is queued or running (safe from any thread)."""
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()
+
+    def close(self) -> None:
+        """Cancel the calls in flight, stop the generation thread and release its MLX state."""
+        self._closer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _request(self, prompt: Messages | Text, raw: bool, kw: dict) -> GenRequest:
+        if "draft" in kw:
+            raise ConfigError("draft is loaded once, with the model: edgespec.load(model, "
+                              "draft=REF); a call chooses only the method")
+        spec, sampling, generation = self._configs(options.checked("call", kw))
+        ids = encode_prompt(self.target.tokenizer, _raw(prompt) if raw else _messages(prompt))
+        check_context(ids, self.target.context_length, self.target.name)
+        return GenRequest(ids, generation, sampling, spec)
+
+    def _configs(self, call: dict) -> tuple[SpecConfig, SamplingConfig, GenerationConfig]:
+        merged = {**self._defaults, **call}
+        return (self._spec(merged["method"], call), options.config(SamplingConfig, merged),
+                options.config(GenerationConfig, merged))
+
+    def _spec(self, method: str, call: dict) -> SpecConfig:
+        """The SpecConfig of ``method``: the call's options (all apply) over load's (each applies
+        to the methods that read it), as the server does with its own and a request's."""
+        return options.spec_for(method, self._defaults, own=options.pick(SpecConfig, call))
+
+    def _submit(self, job: Job) -> Job:
+        with self._lock:
+            self._jobs.add(job)
+        return self._worker.submit(job)
+
+
+def _close(worker: Worker, jobs: weakref.WeakSet, lock: threading.Lock) -> None:
+    with lock:
+        running = list(jobs)
+    for job in running:
+        job.cancel()
+    worker.stop()
+
+
+def _messages(prompt: Messages | Text) -> list[dict]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        return prompt
+    raise ConfigError(f"chat takes a list of {{role, content}} messages or a string, got "
+                      f"{type(prompt).__name__}; use complete() for raw text or token ids")
+
+
+def _raw(prompt: Messages | Text) -> Text:
+    if isinstance(prompt, str) or (isinstance(prompt, list) and
+                                   all(isinstance(t, int) for t in prompt)):
+        return prompt
+    raise ConfigError(f"complete takes text or token ids, got {type(prompt).__name__}; "
+                      "use chat() for messages")
+
+
+def load(model: str | Target = "demo", *, progress: bool = True, **options: Any) -> LLM:
+    """Load ``model`` (a Hugging Face repo id, a local model directory, a .gguf file or "demo")
+    and start its generation thread: an :class:`LLM`.
+
+    ``options`` are every call's defaults; a call may override any of them but ``draft`` and
+    ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft model,
+    else 'lookup'. ``progress`` shows download / conversion progress.
+    """
+    return LLM(model, progress=progress, **options)
+
+
+def _document_options() -> None:
+    """Append every option, with its help, to ``load``'s docstring (the one definition)."""
+    lines = [f"    {f.name}: {options.describe(f, 'python')}" for f in
+             options.SURFACES["python"].fields() if f.name != "model"]
+    load.__doc__ = f"{load.__doc__.rstrip()}\n\n    Options:\n\n" + "\n".join(lines) + "\n"
+
+
+_document_options()
