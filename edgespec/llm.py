@@ -22,7 +22,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import weakref
 from typing import Any, Union

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from edgespec import Engine
 from edgespec.drafters.lookup import NgramIndex, PromptLookupDrafter
