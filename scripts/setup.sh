@@ -79,9 +79,14 @@ if [[ $os == Linux ]]; then
     prefix=$("$vpy" -c 'import sys; print(sys.prefix)')
     has_openblas() { compgen -G '/usr/lib/*-linux-gnu/libopenblas.so.0' >/dev/null ||
         [[ -e /usr/lib64/libopenblas.so.0 ]]; }
+    # On AMD CPUs Debian's OpenBLAS beat MKL (see edgespec/loading/_blas.py), so it is preferred there.
+    prefer_openblas=0
+    if [[ $arch == x86_64 && ${EDGESPEC_BLAS:-} != mkl ]] && grep -q AuthenticAMD /proc/cpuinfo 2>/dev/null; then
+        prefer_openblas=1
+    fi
     if [[ ${EDGESPEC_BLAS:-} == off ]]; then
         blas="off (EDGESPEC_BLAS=off)"
-    elif [[ $want_mkl == 1 ]] && compgen -G "$prefix/lib/libmkl_rt.so*" >/dev/null; then
+    elif [[ $prefer_openblas == 0 && $want_mkl == 1 ]] && compgen -G "$prefix/lib/libmkl_rt.so*" >/dev/null; then
         blas=mkl
     elif has_openblas; then
         blas=openblas

@@ -79,3 +79,13 @@ def test_bad_env_value_warns_instead_of_breaking_import():
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "reference"
     assert "bogus" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_default_order_prefers_openblas_on_amd(tmp_path):
+    """OpenBLAS first on AMD CPUs (measured faster there), MKL first elsewhere or when unknown."""
+    amd, intel = tmp_path / "amd", tmp_path / "intel"
+    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n")
+    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n")
+    assert _blas.default_order(str(amd)) == ["openblas", "mkl"]
+    assert _blas.default_order(str(intel)) == ["mkl", "openblas"]
+    assert _blas.default_order(str(tmp_path / "missing")) == ["mkl", "openblas"]
