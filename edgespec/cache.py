@@ -48,11 +48,6 @@ class KVCache:
         self._scratch = 0  # slots written by the current forward
 
     @property
-    def length(self) -> int:
-        """Committed tokens (the same as ``offset``; entries a sliding layer dropped count)."""
-        return self.offset
-
-    @property
     def start(self) -> int:
         """The oldest position that every layer still holds."""
         return max(self.starts)

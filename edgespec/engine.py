@@ -211,14 +211,14 @@ class Engine:
         """
         cache, seq = self._cache, self._cache_seq
         self._cache, self._cache_seq = None, []  # an interrupted prefill must not look reusable
-        if self.reuse_prefix and cache is not None and cache.length == len(seq) - 1:
+        if self.reuse_prefix and cache is not None and cache.offset == len(seq) - 1:
             common = 0
             for a, b in zip(seq[:-1], ids[:-1]):
                 if a != b:
                     break
                 common += 1
             try:
-                cache.trim(cache.length - common)
+                cache.trim(cache.offset - common)
             except CacheRollbackError:
                 common = -1
             if common > 0:

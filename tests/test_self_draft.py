@@ -100,7 +100,7 @@ def test_early_exit_verifies_only_the_upper_layers(target, monkeypatch):
     nodes = sum(s.proposed + 1 for s in res.steps)  # tree nodes scored, root included
     assert calls[E:] == [prefill + nodes] * (L - E)  # prefill + one verification per step
     assert calls[:E] == [prefill + nodes] * E  # prefill + each node fed once by the draft
-    assert d.cache.length == 0  # the drafter's own cache was never used
+    assert d.cache.offset == 0  # the drafter's own cache was never used
 
 
 def test_confidence_ends_the_chain(target):

@@ -77,13 +77,13 @@ class CascadeDrafter(DraftModelDrafter):
     def _inner_step(self, seq: list[int], r: int) -> tuple[list[int], list[np.ndarray]]:
         """One speculative step of the draft model: at most ``r`` tokens of its chain (and q rows).
 
-        Precondition: the cache holds ``seq[:cache.length]``; the rest of ``seq`` is unseen.
+        Precondition: the cache holds ``seq[:cache.offset]``; the rest of ``seq`` is unseen.
         Postcondition: the cache holds the extended ``seq`` minus its new last token.
         """
         cache = self.cache
-        if len(seq) - cache.length > 2:  # the prompt: fed in chunks (usually 1-2 tokens are new)
-            self._feed(seq[cache.length : -1])
-        unseen = seq[cache.length :]
+        if len(seq) - cache.offset > 2:  # the prompt: fed in chunks (usually 1-2 tokens are new)
+            self._feed(seq[cache.offset : -1])
+        unseen = seq[cache.offset :]
         inner = self.inner.propose(r - 1)  # accepted + bonus <= r tokens
         assert inner.tokens[0] == seq[-1] and max(inner.depths()) <= r - 1
         lead = len(unseen) - 1  # unseen tokens before the root, scored as a chain in front

@@ -56,12 +56,12 @@ class DraftModelDrafter(Drafter):
         # Keep the draft's KV for the prefix this prompt shares with the last sequence (a chat
         # resends its history each turn); rebuild from scratch when nothing is shared.
         common = 0
-        for a, b in zip(self.history[: self.cache.length], tokens[:-1]):
+        for a, b in zip(self.history[: self.cache.offset], tokens[:-1]):
             if a != b:
                 break
             common += 1
         try:
-            self.cache.trim(self.cache.length - common)
+            self.cache.trim(self.cache.offset - common)
         except CacheRollbackError:  # a sliding window dropped what the shared prefix needs
             common = 0
         if not common:
@@ -104,7 +104,7 @@ class DraftModelDrafter(Drafter):
         root = self.history[-1]
         if k <= 0:
             return DraftTree.chain(root, [])
-        logits = self._feed(self.history[self.cache.length :])
+        logits = self._feed(self.history[self.cache.offset :])
         drafts, qs = [], []
         for i in range(k):
             tok, q = self._choose(logits)
