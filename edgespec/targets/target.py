@@ -92,11 +92,12 @@ class Target:
 def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
     """One mask per cache slot, built once per distinct (window, oldest entry): the chain's or
     the tree's ancestors-only mask over the keys that slot's layer holds."""
+    groups = cache.mask_groups()
     built: dict[tuple, object] = {}
-    for group in cache.mask_groups():
+    for group in groups:
         if group not in built:
             window, start = group
             keys = np.arange(start, cache.offset)
             built[group] = (chain_mask(n, keys, cache.offset, window) if tree is None
                             else attention_mask(tree, keys, cache.offset, window))
-    return [built[group] for group in cache.mask_groups()]
+    return [built[group] for group in groups]
