@@ -1,0 +1,201 @@
+"""Batched self-distillation data: the target writes questions (Magpie) and answers them.
+
+Contract: ``write_questions`` and ``write_answers`` append one JSON record per line to a jsonl
+file and can be killed at any time: a rerun reads what is there, skips the finished records and
+continues (a half-written last line is dropped). Generation is batched with mlx-lm's
+``BatchGenerator`` (continuous batching: B sequences per target forward, each with its own length),
+over the target's weights dequantized to the dtype edgespec decodes in, so the answers are the
+target's own greedy continuations.
+
+Records:
+- question: ``{"id": i, "prompt": text}``
+- answer:   ``{"id": i, "prompt": text, "ids": prompt ids (chat template applied),
+              "answer": generated ids (EOS excluded), "finish": "stop" | "length"}``
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from tqdm import tqdm
+
+from ..loading.tokenizer import Tokenizer
+
+MAGPIE_SYSTEM = None  # the template's own default system prompt, as a user of the chat sees it
+
+
+def load_batch_model(path: Path, dtype=mx.float32) -> nn.Module:
+    """mlx-lm's module for ``path`` with quantized layers replaced by dequantized ``dtype`` ones."""
+    try:
+        from mlx_lm.utils import load_model
+    except ImportError:
+        raise ImportError("edgespec train needs mlx-lm (pip install mlx-lm)") from None
+    model, _ = load_model(Path(path))
+
+    def dequantize(_, module):
+        if isinstance(module, nn.QuantizedLinear):
+            w = mx.dequantize(module.weight, module.scales, module.get("biases"),
+                              module.group_size, module.bits).astype(dtype)
+            out = nn.Linear(w.shape[1], w.shape[0], bias="bias" in module)
+            out.weight = w
+            if "bias" in module:
+                out.bias = module.bias.astype(dtype)
+            return out
+        if isinstance(module, nn.QuantizedEmbedding):
+            w = mx.dequantize(module.weight, module.scales, module.get("biases"),
+                              module.group_size, module.bits).astype(dtype)
+            out = nn.Embedding(w.shape[0], w.shape[1])
+            out.weight = w
+            return out
+        return module
+
+    from mlx.utils import tree_map_with_path
+
+    leaves = model.leaf_modules()
+    model.update_modules(tree_map_with_path(dequantize, leaves, is_leaf=nn.Module.is_module))
+    model.apply(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p)
+    mx.eval(model.parameters())
+    return model
+
+
+def read_records(path: Path) -> list[dict]:
+    """Every complete record of a jsonl file (a torn last line from a kill is ignored)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+def _rewrite(path: Path, records: list[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def generate_batched(model: nn.Module, prompts: list[list[int]], *, max_tokens: int,
+                     stop: Iterable[int], batch: int, sampler=None,
+                     on_done: Callable[[int, list[int], str], None], bar: tqdm) -> int:
+    """Continuous-batched generation of every prompt; ``on_done(index, ids, finish)`` per
+    sequence as it finishes (stop tokens excluded). Returns the number of generated tokens."""
+    from mlx_lm.generate import BatchGenerator
+
+    stop = list(stop)
+    gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[[t] for t in stop],
+                         sampler=sampler, completion_batch_size=batch,
+                         prefill_batch_size=min(batch, 16))
+    uids = gen.insert(prompts, max_tokens=[max_tokens] * len(prompts))
+    index = {u: i for i, u in enumerate(uids)}
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    total = 0
+    try:
+        while out:
+            for r in gen.next_generated():
+                total += 1
+                bar.update(1)
+                if r.finish_reason is None or r.token not in stop:
+                    out[r.uid].append(r.token)
+                if r.finish_reason is not None:
+                    on_done(index[r.uid], out.pop(r.uid), "stop" if r.finish_reason == "stop" else "length")
+    finally:
+        gen.close()
+    return total
+
+
+def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: int, *,
+                    seed: int, batch: int = 32, max_tokens: int = 96,
+                    keep: Callable[[str], bool] = lambda q: True) -> dict:
+    """Magpie: the chat template up to the user's turn, and the target writes the question.
+
+    Sampled (temperature 1, top-p 0.95, seeded) so the questions differ; a question that
+    ``keep`` refuses (an evaluation prompt, an empty or cut-off one) is dropped and another is
+    drawn. Appends until ``path`` holds ``count`` questions. Returns counts for the report.
+    """
+    from mlx_lm.sample_utils import make_sampler
+
+    prefix = _user_turn_prefix(tokenizer)
+    stop = set(tokenizer.eos_token_ids) | _end_of_turn(tokenizer)
+    done = read_records(path)
+    _rewrite(path, done)
+    dropped = rounds = 0
+    bar = tqdm(total=count, initial=len(done), desc="questions (Magpie)", unit="q")
+    with path.open("a") as f:
+        while len(done) < count:
+            mx.random.seed(seed + 1000 * len(done) + rounds)
+            rounds += 1
+            want = min(batch * 4, (count - len(done)) * 5 // 4 + 4)
+            fresh: list[tuple[list[int], str]] = []
+
+            def on_done(i, ids, finish):
+                fresh.append((ids, finish))
+
+            generate_batched(model, [prefix] * want, max_tokens=max_tokens, stop=stop, batch=batch,
+                             sampler=make_sampler(temp=1.0, top_p=0.95), on_done=on_done,
+                             bar=tqdm(disable=True))
+            for ids, finish in fresh:
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                if finish != "stop" or len(text) < 12 or not keep(text):
+                    dropped += 1
+                    continue
+                if len(done) < count:
+                    rec = {"id": len(done), "prompt": text}
+                    done.append(rec)
+                    f.write(json.dumps(rec) + "\n")
+                    bar.update(1)
+            f.flush()
+    bar.close()
+    return {"questions": len(done), "dropped": dropped}
+
+
+def write_answers(model: nn.Module, tokenizer: Tokenizer, questions: list[dict], path: Path, *,
+                  batch: int = 32, max_tokens: int = 256) -> dict:
+    """The target's greedy answer to every question, appended to ``path`` as they finish
+    (resumable: questions already answered there are skipped). Returns throughput figures."""
+    done = read_records(path)
+    _rewrite(path, done)
+    have = {r["id"] for r in done}
+    todo = [q for q in questions if q["id"] not in have]
+    stop = set(tokenizer.eos_token_ids) | _end_of_turn(tokenizer)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(_messages(q))) for q in todo]
+    bar = tqdm(total=len(todo) * max_tokens, desc="answers (batched, tokens ≤)", unit="tok")
+    t0 = time.perf_counter()
+    with path.open("a") as f:
+        def on_done(i, ids, finish):
+            q = todo[i]
+            f.write(json.dumps({"id": q["id"], "prompt": q["prompt"], "ids": prompts[i],
+                                "answer": ids, "finish": finish}) + "\n")
+            f.flush()
+            bar.update(max_tokens - len(ids))  # the bar counts the budget; a stop frees the rest
+
+        tokens = generate_batched(model, prompts, max_tokens=max_tokens, stop=stop, batch=batch,
+                                  on_done=on_done, bar=bar) if todo else 0
+    bar.close()
+    seconds = time.perf_counter() - t0
+    return {"answers": len(done) + len(todo), "new_tokens": tokens, "seconds": round(seconds, 1),
+            "tokens_per_s": round(tokens / seconds, 1) if seconds and tokens else None}
+
+
+def _messages(question: dict) -> list[dict]:
+    return question.get("messages") or [{"role": "user", "content": question["prompt"]}]
+
+
+def _user_turn_prefix(tokenizer: Tokenizer) -> list[int]:
+    """The template's ids up to where the user's text starts."""
+    marker = "\x00MAGPIE\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}],
+                                         add_generation_prompt=False)
+    return tokenizer.encode(text[: text.index(marker)])
+
+
+def _end_of_turn(tokenizer: Tokenizer) -> set[int]:
+    ids = {tokenizer.token_to_id(t) for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")}
+    return {i for i in ids if i is not None}
