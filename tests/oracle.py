@@ -26,6 +26,12 @@ _GEMMA3 = {**_BASE, "model_type": "gemma3_text", "num_hidden_layers": 4, "num_ke
            "head_dim": 16, "query_pre_attn_scalar": 16, "rms_norm_eps": 1e-6,
            "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window": 8,
            "sliding_window_pattern": 2}
+_GEMMA2 = {**_BASE, "model_type": "gemma2", "num_hidden_layers": 3, "num_key_value_heads": 2,
+           "head_dim": 16, "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6,
+           "rope_theta": 10000.0, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+           "sliding_window": 4096}  # mlx-lm's gemma2 has no windows: this one is never reached
+_PHI3 = {**_BASE, "model_type": "phi3", "tie_word_embeddings": False, "rope_theta": 10000.0}
+_LONG = [1.0, 1.3, 2.0, 3.1, 5.0, 8.5]  # one factor per rotated pair (12 of 16 dims)
 
 CONFIGS = {
     "llama": {**_BASE, "model_type": "llama", "rope_theta": 10000.0},
@@ -46,7 +52,22 @@ CONFIGS = {
     "gemma3-untied-scaled": {**_GEMMA3, "tie_word_embeddings": False, "num_hidden_layers": 6,
                              "sliding_window_pattern": 3,
                              "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "gemma2": _GEMMA2,
+    "phi3": _PHI3,
+    "phi3-longrope-partial": {**_PHI3, "partial_rotary_factor": 0.75,
+                              "max_position_embeddings": 4096,
+                              "original_max_position_embeddings": 64,
+                              "rope_scaling": {"type": "longrope", "long_factor": _LONG,
+                                               "short_factor": [1.0] * 6}},
+    "smollm3": {**_BASE, "model_type": "smollm3", "num_hidden_layers": 4, "rope_theta": 5e6,
+                "no_rope_layer_interval": 2, "tie_word_embeddings": True},
+    "smollm3-listed": {**_BASE, "model_type": "smollm3", "num_hidden_layers": 3,
+                       "no_rope_layers": [0, 1, 0], "tie_word_embeddings": False},
 }
+"""Windowed configs whose windows mlx-lm does not apply (gemma2): tested against plain and naive
+decoding in ``tests/test_families.py``, never against mlx-lm."""
+WINDOWED = {"gemma2-windowed": {**_GEMMA2, "num_hidden_layers": 4, "sliding_window": 8,
+                                "tie_word_embeddings": True}}
 
 
 def mlx_lm_classes(config: dict):

@@ -33,19 +33,28 @@ def prepare(positions, mask):
     return positions, mask
 
 
-def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None) -> mx.array:
+def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
+           softcap: float | None = None) -> mx.array:
     """Softmax attention of q (B, H, N, D) over k/v (B, H_kv, T, D) with an optional mask
-    (boolean "may attend", or additive) broadcastable to (N, T)."""
-    if not on_cpu():
+    (boolean "may attend", or additive) broadcastable to (N, T). ``softcap``: scores become
+    ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's attention logit capping)."""
+    cpu = on_cpu()
+    if not cpu and softcap is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     B, H, N, D = q.shape
     kv, T = k.shape[1], k.shape[2]
     rep = H // kv  # query heads sharing one key/value head, adjacent in H
     scores = ((q * scale).reshape(B, kv, rep * N, D) @ k.swapaxes(-1, -2)).reshape(B, kv, rep, N, T)
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap
     if mask is not None:
         if mask.dtype == mx.bool_:
             mask = mx.where(mask, 0.0, -math.inf).astype(mx.float32)
         scores = scores + mask
-    e = mx.power(math.e, scores - scores.max(axis=-1, keepdims=True))
-    p = (e / e.sum(axis=-1, keepdims=True)).astype(v.dtype).reshape(B, kv, rep * N, T)
+    if cpu:
+        e = mx.power(math.e, scores - scores.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+    else:
+        p = mx.softmax(scores, axis=-1, precise=True)
+    p = p.astype(v.dtype).reshape(B, kv, rep * N, T)
     return (p @ v).reshape(B, H, N, v.shape[-1])

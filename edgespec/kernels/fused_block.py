@@ -21,8 +21,13 @@ from .attention import attend, prepare
 from .backend import on_cpu
 
 
-def rope(x: mx.array, positions, dims: int, **kw) -> mx.array:
-    """RoPE for a chain (int or scalar offset) or a tree (one position per token)."""
+def rope(x: mx.array, positions, dims: int, mscale: float = 1.0, **kw) -> mx.array:
+    """RoPE over the first ``dims`` features (none when 0; those scaled by ``mscale`` first) for a
+    chain (int or scalar offset) or a tree (one position per token)."""
+    if dims == 0:
+        return x
+    if mscale != 1.0:
+        x = mx.concatenate([x[..., :dims] * mscale, x[..., dims:]], axis=-1)
     if isinstance(positions, int) or positions.ndim == 0:
         return mx.fast.rope(x, dims, offset=positions, **kw)
     # (1, H, N, D) -> (N, H, 1, D): one rope offset per batch element = per tree node
@@ -59,7 +64,8 @@ class FusedBlock:
         self.w = weights
         self.views = views
         self.scale = a.scale
-        self.key = (a.h, a.kv, a.d, block.input_layernorm.eps, r.traditional, r.base, r.scale,
+        self.key = (a.h, a.kv, a.d, r.dims, r.mscale, block.input_layernorm.eps, r.traditional,
+                    r.base, r.scale,
                     r.freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
                     a.q_norm.eps if "nq" in weights else None, block.mlp.gate_proj.weight.shape[0])
         self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv", "nq", "nk") if n in weights]
@@ -75,6 +81,8 @@ class FusedBlock:
             return None  # quantized (or otherwise custom) layers keep the module path
         if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
             return None  # another activation or q/k norm than the fused functions compute
+        if a.softcap is not None:
+            return None  # the fused path attends without logit capping
         if not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
@@ -116,7 +124,8 @@ class FusedBlock:
 
 @lru_cache(maxsize=None)
 def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attention choice
-    h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, qk_eps, inter = key
+    h, kv, d, rope_dims, mscale, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, \
+        qk_eps, inter = key
     nq, nk = h * d, kv * d
 
     def pre(x, positions, n1, wqkv, *rest):
@@ -133,7 +142,8 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attent
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = v.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
         kw = dict(traditional=traditional, base=base, scale=rope_scale, freqs=freqs)
-        return rope(q, positions, d, **kw), rope(k, positions, d, **kw), v
+        return (rope(q, positions, rope_dims, mscale, **kw),
+                rope(k, positions, rope_dims, mscale, **kw), v)
 
     def post(x, attn, wo, n2, wgu, wd, *rest):
         rest = list(rest)

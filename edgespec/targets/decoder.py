@@ -1,11 +1,11 @@
 """What every family's model shares: its config fields and the one layer loop.
 
-A family file (``llama.py``, ``qwen3.py``, ``gemma3.py``) defines ``ModelArgs`` (a subclass of
+A family file (``llama.py``, ``qwen3.py``, ``gemma3.py``, ...) defines ``ModelArgs`` (a subclass of
 :class:`DecoderArgs` with the family's own fields and defaults) and ``Model`` (a subclass of
 :class:`Decoder` given its blocks and final norm; the weights keep Hugging Face's names:
 ``model.embed_tokens``, ``model.layers.N``, ``model.norm``, ``lm_head``). The loop, the head and the cache policy live here; a family overrides
-``embed`` (Gemma scales the embedding), ``logits`` (soft-capping) or ``cache_windows`` (which
-layers slide) where it differs.
+``embed`` (Gemma scales the embedding), ``logits`` (soft-capping), ``cache_windows`` (which
+layers slide) or ``sanitize`` (fused checkpoint weights) where it differs.
 
 The contract every block keeps: ``block(x, positions, mask, cache, slot)`` with ``positions`` an
 int32 scalar (a chain starting there) or one position per node (a tree), ``mask`` this slot's
@@ -69,6 +69,11 @@ class Decoder(nn.Module):
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.model.embed_tokens(tokens)
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """A checkpoint's weights renamed or split into this model's modules (phi3's fused
+        projections); called by ``load_target`` before quantization and loading."""
+        return weights
 
     def cache_windows(self) -> list[int | None]:
         """The cache policy: per layer, its sliding window (None: it attends to everything)."""

@@ -42,8 +42,9 @@ def truncate_model(src: Path, num_layers: int, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     config["num_hidden_layers"] = num_layers
-    if isinstance(config.get("layer_types"), list):  # per-layer attention kinds (gemma3, ministral)
-        config["layer_types"] = config["layer_types"][:num_layers]
+    for key in ("layer_types", "no_rope_layers"):  # per-layer lists (gemma, ministral, smollm3)
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:num_layers]
     config["edgespec_derived_from"] = {"model": str(src), "layers": num_layers, "of": total}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in _TOKENIZER_FILES:

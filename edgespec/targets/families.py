@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
-from . import gemma3, llama, qwen3
+from . import gemma2, gemma3, llama, phi3, qwen3, smollm3
 from .decoder import Decoder, DecoderArgs
 
 
@@ -23,7 +23,8 @@ class Family:
     model: type[Decoder]
 
 
-_FILES = {"llama": llama, "qwen3": qwen3, "gemma3": gemma3}
+_FILES = {"llama": llama, "qwen3": qwen3, "gemma3": gemma3, "gemma2": gemma2, "phi3": phi3,
+          "smollm3": smollm3}
 FAMILIES: dict[str, Family] = {
     model_type: Family(name, module.ModelArgs, module.Model)
     for name, module in _FILES.items() for model_type in module.FAMILY
@@ -49,8 +50,8 @@ UNSUPPORTED: dict[str, tuple[str, str]] = {  # model_type: (what it has, mlx_lm.
     "rwkv7": (_RECURRENT, "rwkv7"), "jamba": (_RECURRENT + " and " + _MOE, "jamba"),
     "falcon_h1": (_RECURRENT, "falcon_h1"), "nemotron_h": (_RECURRENT, "nemotron_h"),
     "lfm2": (_RECURRENT, "lfm2"), "qwen3_next": (_RECURRENT + " and " + _MOE, "qwen3_next"),
-    "gemma2": (_PLANNED, "gemma2"), "gemma": (_PLANNED, "gemma"), "phi3": (_PLANNED, "phi3"),
-    "smollm3": (_PLANNED, "smollm3"), "phi": (_PLANNED, "phi"),
+    "gemma": (_PLANNED, "gemma"), "phi": (_PLANNED, "phi"),
+    "phi3small": (_PLANNED + " (block-sparse attention)", "phi3small"),
 }
 
 

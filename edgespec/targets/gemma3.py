@@ -4,9 +4,10 @@ What differs from llama: sliding-window layers interleaved with global ones (``l
 every ``sliding_window_pattern``-th layer global), each with its own cache policy
 (``cache_windows``) and RoPE base (``rope_local_base_freq`` on sliding layers; ``rope_theta``
 and ``rope_scaling`` on global ones); RMSNorms scaled by ``1 + weight``, also over each head of
-q and k; norms after attention and around the MLP; a tanh-GELU gated MLP; the embedding scaled by
-sqrt(hidden_size) rounded to bfloat16 (as the checkpoints were trained); attention scaled by
-``query_pre_attn_scalar ** -0.5``. Blocks run the module path (no fused form yet).
+q and k; norms after attention and around the MLP (``parts.SandwichBlock``); a tanh-GELU gated
+MLP; the embedding scaled by sqrt(hidden_size) rounded to bfloat16 (as the checkpoints were
+trained); attention scaled by ``query_pre_attn_scalar ** -0.5``. Blocks run the module path (no
+fused form yet).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .decoder import Decoder, DecoderArgs
-from .parts import Attention, GatedMLP, OffsetRMSNorm, Rope
+from .parts import Attention, GatedMLP, OffsetRMSNorm, Rope, SandwichBlock
 
 FAMILY = ("gemma3_text",)
 
@@ -53,40 +54,19 @@ class ModelArgs(DecoderArgs):
         return self.layer_types[layer] == "sliding_attention"
 
 
-def _add(x: mx.array, y: mx.array) -> mx.array:
-    """A residual add; in float16 clipped to its range (Gemma's activations overflow it)."""
-    if x.dtype != mx.float16:
-        return x + y
-    bound = float(mx.finfo(mx.float16).max)
-    return mx.clip(x.astype(mx.float32) + y.astype(mx.float32), -bound, bound).astype(mx.float16)
-
-
-class Block(nn.Module):
-    def __init__(self, a: ModelArgs, sliding: bool):
-        super().__init__()
-        norm = partial(OffsetRMSNorm, eps=a.rms_norm_eps)
-        rope = (Rope.from_config(a.head_dim, a.rope_local_base_freq, None) if sliding
-                else Rope.from_config(a.head_dim, a.rope_theta, a.rope_scaling))
-        self.self_attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
-                                   a.head_dim, rope, a.query_pre_attn_scalar**-0.5, qk_norm=norm)
-        self.mlp = GatedMLP(a.hidden_size, a.intermediate_size, nn.gelu_approx)
-        self.input_layernorm = norm(a.hidden_size)
-        self.post_attention_layernorm = norm(a.hidden_size)
-        self.pre_feedforward_layernorm = norm(a.hidden_size)
-        self.post_feedforward_layernorm = norm(a.hidden_size)
-
-    def __call__(self, x, positions, mask, cache, layer):
-        r = self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
-        h = _add(x, self.post_attention_layernorm(r))
-        return _add(h, self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))))
-
-    def fuse(self) -> bool:
-        return False  # the module path only
+def _block(a: ModelArgs, sliding: bool) -> SandwichBlock:
+    norm = partial(OffsetRMSNorm, eps=a.rms_norm_eps)
+    rope = (Rope.from_config(a.head_dim, a.rope_local_base_freq, None) if sliding
+            else Rope.from_config(a.head_dim, a.rope_theta, a.rope_scaling))
+    attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim,
+                     rope, a.query_pre_attn_scalar**-0.5, qk_norm=norm)
+    return SandwichBlock(attn, GatedMLP(a.hidden_size, a.intermediate_size, nn.gelu_approx),
+                         a.hidden_size, norm)
 
 
 class Model(Decoder):
     def __init__(self, args: ModelArgs):
-        blocks = [Block(args, args.sliding(i)) for i in range(args.num_hidden_layers)]
+        blocks = [_block(args, args.sliding(i)) for i in range(args.num_hidden_layers)]
         super().__init__(args, blocks, OffsetRMSNorm(args.hidden_size, args.rms_norm_eps))
         self.embed_scale = mx.array(math.sqrt(args.hidden_size), dtype=mx.bfloat16).item()
 

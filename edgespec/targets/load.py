@@ -39,6 +39,7 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
     model = family.model(args)
+    weights = model.sanitize(weights)
     keep_quantized = quant is not None and dtype == "auto"
     if keep_quantized:
         _quantize_like(model, weights, quant)

@@ -1,6 +1,7 @@
 """Building blocks the family files in ``targets/`` share: RoPE settings, RMSNorm with an offset
-weight, attention over the cache (with optional per-head q/k norms), the gated MLP, and the
-pre-norm block (llama, qwen3) with its fused fast path.
+weight, attention over the cache (with optional per-head q/k norms and logit soft-capping), the
+gated MLP, the pre-norm block (llama, qwen3, phi3, smollm3) with its fused fast path, and Gemma's
+sandwich block (norms before and after attention and MLP).
 
 Every piece takes what differs between families as constructor arguments (the activation, the
 norm class, the rope settings, the attention scale), so a family file only says how its config
@@ -26,13 +27,22 @@ from ..kernels.fused_block import FusedBlock, rope
 
 @dataclass(frozen=True)
 class Rope:
-    """RoPE over the first ``dims`` features of each head, for a chain or a tree (see ``rope``)."""
+    """RoPE over the first ``dims`` features of each head, for a chain or a tree (see ``rope``).
+
+    ``dims == 0``: no rotation at all (SmolLM3's NoPE layers). ``mscale`` multiplies the rotated
+    features first (phi3's su/longrope attention factor, applied to q and k alike).
+    """
 
     dims: int
     base: float | None
     scale: float = 1.0
     freqs: mx.array | None = None
     traditional: bool = False
+    mscale: float = 1.0
+
+    @classmethod
+    def none(cls) -> Rope:
+        return cls(0, None)
 
     @classmethod
     def from_config(cls, dims: int, theta: float, scaling: dict | None,
@@ -50,8 +60,8 @@ class Rope:
             f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3")
 
     def __call__(self, x: mx.array, positions) -> mx.array:
-        return rope(x, positions, self.dims, traditional=self.traditional, base=self.base,
-                    scale=self.scale, freqs=self.freqs)
+        return rope(x, positions, self.dims, self.mscale, traditional=self.traditional,
+                    base=self.base, scale=self.scale, freqs=self.freqs)
 
 
 def _llama3_freqs(dims: int, theta: float, s: dict) -> mx.array:
@@ -82,14 +92,17 @@ class Attention(nn.Module):
     """Grouped-query attention writing its keys/values to ``cache`` (slot ``layer``).
 
     ``qk_norm``: a norm class applied to each head of q and k before RoPE (qwen3, gemma3), or
-    None. ``scale`` multiplies q·k (head_dim ** -0.5 unless the family says otherwise).
+    None. ``scale`` multiplies q·k (head_dim ** -0.5 unless the family says otherwise);
+    ``softcap`` caps the scores to ``softcap * tanh(s / softcap)`` before the mask (gemma2).
     """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
-                 scale: float, bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None):
+                 scale: float, bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None,
+                 softcap: float | None = None):
         super().__init__()
         self.h, self.kv, self.d = heads, kv_heads, head_dim
         self.scale = scale
+        self.softcap = softcap
         self.rope = rope
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
@@ -108,7 +121,7 @@ class Attention(nn.Module):
         q = self.rope(q.transpose(0, 2, 1, 3), positions)
         k = self.rope(k.transpose(0, 2, 1, 3), positions)
         k, v = cache.write(layer, k, v)
-        out = attend(q, k, v, self.scale, mask)
+        out = attend(q, k, v, self.scale, mask, self.softcap)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, N, -1))
 
 
@@ -159,11 +172,44 @@ class PreNormBlock(nn.Module):
 
 
 def silu_block(a, *, bias: bool = False, mlp_bias: bool = False, traditional: bool = False,
-               qk_norm: bool = False) -> PreNormBlock:
-    """The pre-norm SiLU block of a ``DecoderArgs`` config (llama's, or qwen3's with q/k norms)."""
-    rope = Rope.from_config(a.head_dim, a.rope_theta, a.rope_scaling, traditional)
+               qk_norm: bool = False, rope: Rope | None = None) -> PreNormBlock:
+    """The pre-norm SiLU block of a ``DecoderArgs`` config (llama's, or qwen3's with q/k norms);
+    ``rope`` replaces the config's RoPE settings (phi3's longrope, smollm3's NoPE layers)."""
+    if rope is None:
+        rope = Rope.from_config(a.head_dim, a.rope_theta, a.rope_scaling, traditional)
     norm = partial(nn.RMSNorm, eps=a.rms_norm_eps) if qk_norm else None
     attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, rope,
                      a.head_dim**-0.5, bias=bias, qk_norm=norm)
     mlp = GatedMLP(a.hidden_size, a.intermediate_size, silu, bias=mlp_bias)
     return PreNormBlock(attn, mlp, a.hidden_size, a.rms_norm_eps)
+
+
+def add_clipped(x: mx.array, y: mx.array) -> mx.array:
+    """A residual add; in float16 clipped to its range (Gemma's activations overflow it)."""
+    if x.dtype != mx.float16:
+        return x + y
+    bound = float(mx.finfo(mx.float16).max)
+    return mx.clip(x.astype(mx.float32) + y.astype(mx.float32), -bound, bound).astype(mx.float16)
+
+
+class SandwichBlock(nn.Module):
+    """Gemma 2/3: h = x + norm(attn(norm(x))), then h + norm(mlp(norm(h))) (four norms of class
+    ``norm``). The module path only (no fused form yet)."""
+
+    def __init__(self, attn: Attention, mlp: GatedMLP, hidden: int, norm: Callable[[int], nn.Module]):
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = norm(hidden)
+        self.post_attention_layernorm = norm(hidden)
+        self.pre_feedforward_layernorm = norm(hidden)
+        self.post_feedforward_layernorm = norm(hidden)
+
+    def __call__(self, x, positions, mask, cache, layer):
+        r = self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
+        h = add_clipped(x, self.post_attention_layernorm(r))
+        r = self.mlp(self.pre_feedforward_layernorm(h))
+        return add_clipped(h, self.post_feedforward_layernorm(r))
+
+    def fuse(self) -> bool:
+        return False
