@@ -98,8 +98,11 @@ def _round_robin(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
 def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
               generation: GenerationConfig | None = None, sampling: SamplingConfig | None = None,
               spec: Mapping | None = None, draft_target: Target | None = None,
-              progress: bool = True, prompts_file: str | None = None) -> dict:
+              progress: bool = True, prompts_file: str | None = None, raw: bool = False) -> dict:
     """Benchmark ``methods`` (list or comma string; "none" is always added, first) on ``prompts``.
+
+    Each prompt's text goes in as one user chat message, or as raw text when ``raw`` (base
+    models, which have no chat template).
 
     ``spec`` holds the SpecConfig options every method shares (``draft``, ``num_draft``, ...; an
     exclusive one such as ``exit_layer`` goes only to the methods that read it).
@@ -128,13 +131,14 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
 
     warmup = GenerationConfig(min(generation.max_tokens, WARMUP_TOKENS), generation.stop)
     for name in specs:  # warm-up: first-call allocations and lazy setup, not counted
-        engine_for(name).generate(_messages(prompts[0]), generation=warmup)
-    rows = _run_all(engine_for, list(specs), prompts, generation, sampling.greedy, progress)
+        engine_for(name).generate(_query(prompts[0], raw), generation=warmup)
+    rows = _run_all(engine_for, list(specs), prompts, generation, sampling.greedy, progress, raw)
     report = summarize(rows)
     report["env"] = environment(target, max_tokens=generation.max_tokens, num_prompts=len(prompts),
                                 prompts_file=prompts_file, sampling=sampling,
                                 draft=draft_target if uses_draft else None,
                                 num_draft=specs[BASELINE].num_draft)
+    report["env"]["prompt_format"] = "raw" if raw else "chat"
     report["prompts"] = [{k: _round(v, 4) for k, v in r.items()} for r in rows]
     return report
 
@@ -150,12 +154,13 @@ def method_names(methods) -> list[str]:
     return [m for m in dict.fromkeys(names) if m != BASELINE]
 
 
-def _messages(prompt: BenchPrompt) -> list[dict]:
-    return [{"role": "user", "content": prompt.text}]
+def _query(prompt: BenchPrompt, raw: bool) -> str | list[dict]:
+    return prompt.text if raw else [{"role": "user", "content": prompt.text}]
 
 
 def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
-             generation: GenerationConfig, greedy: bool, progress: bool) -> list[dict]:
+             generation: GenerationConfig, greedy: bool, progress: bool,
+             raw: bool = False) -> list[dict]:
     """Per prompt, every method in turn (baseline first); one row per (prompt, method)."""
     rows = []
     with tqdm(total=len(prompts) * len(names), desc="bench", unit="gen", file=sys.stderr,
@@ -164,7 +169,7 @@ def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
             baseline_ids = None
             for name in names:
                 bar.set_postfix_str(f"{p.category} #{p.id} {name}")
-                result = engine_for(name).generate(_messages(p), generation=generation)
+                result = engine_for(name).generate(_query(p, raw), generation=generation)
                 baseline_ids = result.token_ids if name == BASELINE else baseline_ids
                 row = {"prompt": i, "id": p.id, "category": p.category, "method": name}
                 stats = asdict(result.stats)
@@ -277,7 +282,8 @@ def _header(env: dict) -> str:
     draft = f" · draft {env['draft_model']} (k={env['num_draft']})" if env.get("draft_model") else ""
     return (f"edgespec {env['edgespec_version']} · mlx {env['mlx_version']} · {env['backend']} "
             f"({env['device']}, {env['cpu_count']} cores) · BLAS {env['blas']} · "
-            f"{env['model']} {env['dtype']}{draft} · {env['num_prompts']} prompts"
+            f"{env['model']} {env['dtype']}{draft} · {env['num_prompts']} "
+            f"{'raw ' if env.get('prompt_format') == 'raw' else ''}prompts"
             f"{' from ' + env['prompts_file'] if env.get('prompts_file') else ''} · "
             f"max_tokens {env['max_tokens']} · {decoding} · {env['platform']}")
 

@@ -122,8 +122,10 @@ def generate(prompt, system, raw, as_json, **kw):
 @click.option("--json", "json_out", default=None, help="write the full report as JSON to this file")
 @click.option("--plot", "plot_out", default=None,
               help="draw speedup and τ per method × category to this file (.png or .svg)")
+@click.option("--raw", is_flag=True,
+              help="send each prompt as raw text, not as a chat message (base models)")
 @guarded
-def bench(prompts_file, methods, limit, json_out, plot_out, **kw):
+def bench(prompts_file, methods, limit, json_out, plot_out, raw, **kw):
     """Measure methods against plain decoding, in one process, over a prompts file."""
     from . import bench as benchmod
     from .bench_plot import check_plot_path, plot_report
@@ -143,7 +145,7 @@ def bench(prompts_file, methods, limit, json_out, plot_out, **kw):
     prompts = benchmod.load_prompts(prompts_file, limit=limit)
     target = load(model.model, dtype=model.dtype)
     report = benchmod.run_bench(target, names, prompts, generation=generation, sampling=sampling,
-                                spec=v, prompts_file=prompts_file)
+                                spec=v, prompts_file=prompts_file, raw=raw)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)

@@ -137,7 +137,7 @@ class GenerationConfig:
 class ModelConfig:
     """Which model is loaded, and in which dtype."""
 
-    model: str = field(default="demo", metadata={"help": "HF repo id, local model dir, .gguf file, or 'demo'"})
+    model: str = field(default="demo", metadata={"help": "HF repo id, local model dir, .gguf file, 'demo' or 'gemma3-270m'"})
     dtype: str | None = field(default=None, metadata={
         "help": "weight dtype; default: float32 on CPU, native on GPU", "choices": DTYPES})
 

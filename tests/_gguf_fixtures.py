@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter, quants
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -65,7 +65,12 @@ def _encode_tensor(w: np.ndarray, qtype: T) -> tuple[np.ndarray, T | None]:
         return w, None
     if qtype == T.F16:
         return w.astype(np.float16), None
-    return quants.quantize(w, qtype), qtype
+    try:
+        return quants.quantize(w, qtype), qtype
+    except NotImplementedError:  # gguf cannot make this type: random blocks of the right size
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows, cols = w.shape
+        return np.random.default_rng(0).integers(0, 256, (rows, cols // block * size), np.uint8), qtype
 
 
 def _add_tokenizer(writer: GGUFWriter, pre: str, add_bos: bool) -> None:

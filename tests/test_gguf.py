@@ -159,10 +159,12 @@ def test_unknown_architecture(tmp_path):
         eg.convert_gguf(tmp_path / "f.gguf", tmp_path / "out", progress=False)
 
 
-def test_unsupported_tensor_type(tmp_path):
-    write_tiny_gguf(tmp_path / "q5.gguf", types={"ffn_up": T.Q5_0})
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight.*Q5_0.*Q4_0, Q4_1, Q8_0"):
-        eg.convert_gguf(tmp_path / "q5.gguf", tmp_path / "out", progress=False)
+@pytest.mark.parametrize("qtype", [T.IQ4_NL, T.MXFP4])
+def test_unsupported_tensor_type(tmp_path, qtype):
+    write_tiny_gguf(tmp_path / "x.gguf", types={"ffn_up": qtype})
+    with pytest.raises(UnsupportedModelError,
+                       match=rf"blk\.0\.ffn_up\.weight.*{qtype.name}.*Q4_0, Q4_1, Q8_0, Q5_0.*Q4_K.*Q6_K"):
+        eg.convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False)
 
 
 def test_unknown_tensor_name(tmp_path):

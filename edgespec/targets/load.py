@@ -99,8 +99,10 @@ def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
         base = k.rsplit(".", 1)[0]
         if k.endswith(".weight") and base + ".scales" in weights:
             gs, bits = _quant_params(quant, base)
-            v = mx.dequantize(v, weights[base + ".scales"], weights.get(base + ".biases"),
-                              group_size=gs, bits=bits).astype(dtype)
+            biases = weights.get(base + ".biases")  # computed in ``dtype``: float16 scales
+            v = mx.dequantize(v, weights[base + ".scales"].astype(dtype),  # (GGUF's) would round
+                              None if biases is None else biases.astype(dtype),
+                              group_size=gs, bits=bits)
         out[k] = v
     return out
 

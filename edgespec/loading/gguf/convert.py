@@ -37,7 +37,8 @@ def _write_atomically(out: Path, weights: dict, files: dict[str, object]) -> Non
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = True) -> Path:
-    """Convert the llama GGUF file ``gguf_path`` into the new model directory ``out_dir``.
+    """Convert the GGUF file ``gguf_path`` (an architecture in ``archs.py``) into the new model
+    directory ``out_dir``.
 
     ``out_dir`` must not exist or be empty. Returns ``out_dir``. See the module docstring for the
     tensor types, the quantization config and the errors raised.

@@ -1,33 +1,36 @@
 """GGUF tensors -> HF-named MLX arrays (the weights half of the GGUF conversion; see ``convert.py``).
 
-:func:`~edgespec.loading.gguf.convert.convert_gguf` writes ``config.json`` (HF llama keys), ``model.safetensors`` (HF
-tensor names), ``tokenizer.json``, ``tokenizer_config.json`` and ``generation_config.json`` into a
-temporary sibling directory and renames it into place, so an interrupted conversion never leaves a
-half-written model directory. Every failure is a typed error naming the file: a corrupt or truncated
-file -> :class:`ModelLoadError`; an architecture or tensor type it cannot map ->
+:func:`~edgespec.loading.gguf.convert.convert_gguf` writes ``config.json`` (HF keys, see
+``archs.py``), ``model.safetensors`` (HF tensor names), ``tokenizer.json``,
+``tokenizer_config.json`` and ``generation_config.json`` into a temporary sibling directory and
+renames it into place, so an interrupted conversion never leaves a half-written model directory.
+Every failure is a typed error naming the file: a corrupt or truncated file ->
+:class:`ModelLoadError`; an architecture or tensor type it cannot map ->
 :class:`UnsupportedModelError`; tokenizer metadata it cannot rebuild -> :class:`TokenizerError`.
 
-Tensors are read with ``mx.load`` (MLX parses GGUF natively); types are checked first with the
-``gguf`` package's reader, because ``mx.load`` fails on some types without naming the tensor,
-silently drops others (TQ1_0, MXFP4) and dequantizes Q4_K wrongly (mlx 0.32). What it returns:
+Tensors are read with the ``gguf`` package's reader and decoded here (``blocks.py``; ``mx.load``
+fails on a whole file as soon as one tensor has a type it lacks, silently drops others (TQ1_0,
+MXFP4) and dequantizes Q4_K wrongly (mlx 0.32)). What we write:
 
-====================  =========================================================================
-GGUF type             ``mx.load`` result -> what we write
-====================  =========================================================================
-F32, F16              float32 / float16 array -> written as is
-BF16                  float16 (lossy) -> re-read with ``gguf`` and written as bfloat16
-Q4_0, Q4_1, Q8_0      MLX affine triplet ``<stem>.weight`` (uint32, packed), ``<stem>.scales``,
-                      ``<stem>.biases`` (float16), group size 32, 4/4/8 bits -> kept quantized
-anything else         not supported: :class:`UnsupportedModelError`
-====================  =========================================================================
+=====================================  ==============================================================
+GGUF type                              written as
+=====================================  ==============================================================
+F32, F16, BF16                         the same dtype, as is
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,    MLX affine triplet ``<stem>.weight`` (uint32, packed),
+Q5_K                                   ``<stem>.scales``, ``<stem>.biases``, group size 32, 4/5/8
+                                       bits -> kept quantized, dequantizing to the file's values
+Q6_K                                   float32 (one scale per 16 weights: no MLX group size)
+anything else                          not supported: :class:`UnsupportedModelError`
+=====================================  ==============================================================
 
 Quantized tensors stay quantized: ``config["quantization"] = {"group_size": 32, "bits": B}`` with B
 the most common width, plus a per-module override for tensors of another width, e.g.
 ``{"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}}`` (the mlx-lm
 convention). Dense tensors (norms, F32/F16 layers) carry no ``.scales`` and load as plain arrays.
 
-llama.cpp permutes the rows of Q and K for its interleaved RoPE; :func:`unpermute_rows` restores the
-HF order (rows of weight, scales and biases alike), so the output uses HF's half-split RoPE.
+llama.cpp permutes the rows of Q and K for its interleaved RoPE (llama only); :func:`unpermute_rows`
+restores the HF order (rows of weight, scales and biases alike), so the output uses HF's half-split
+RoPE. Gemma's norms are stored plus one; that is subtracted (``archs.NORM_SHIFT``).
 """
 
 from __future__ import annotations
@@ -43,37 +46,20 @@ from gguf import GGUFReader, quants
 from tqdm import tqdm
 
 from ...errors import ModelLoadError, UnsupportedModelError
+from .archs import (GLOBAL_NAMES, LAYER_NAMES, NORM_SHIFT, PERMUTED_QK, SUPPORTED_ARCHITECTURES,
+                    hf_config, hf_name)
+from .blocks import AFFINE_BITS, DENSE_DECODED, GROUP_SIZE, to_affine, to_dense
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 """Bump when the output of :func:`convert_gguf` changes; hub.py keys its cache on it."""
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-GROUP_SIZE = 32
-QUANT_BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q8_0: 8}
 DENSE_TYPES = (T.F32, T.F16, T.BF16)
-SUPPORTED_TYPES = tuple(t.name for t in (*DENSE_TYPES, *QUANT_BITS))
-
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-
-
-def hf_name(gguf_name: str, path: Path | str = "<gguf>") -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (and globals)."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    parts = stem.split(".")
-    if suffix in ("weight", "bias"):
-        if len(parts) == 1 and stem in _GLOBAL_NAMES:
-            return f"{_GLOBAL_NAMES[stem]}.{suffix}"
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-            return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{suffix}"
-    known = ", ".join([*_GLOBAL_NAMES, *(f"blk.N.{n}" for n in _LAYER_NAMES)])
-    raise UnsupportedModelError(
-        f"{path}: tensor {gguf_name!r} has no llama equivalent; known tensors: {known}")
+QUANT_BITS = AFFINE_BITS
+SUPPORTED_TYPES = tuple(t.name for t in (*DENSE_TYPES, *AFFINE_BITS, *DENSE_DECODED))
+_GLOBAL_NAMES, _LAYER_NAMES = GLOBAL_NAMES, LAYER_NAMES["llama"]  # the llama names (tests)
+__all__ = ["CONVERTER_VERSION", "SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "convert_tensors",
+           "hf_config", "hf_name", "permute_rows", "quantization_config", "read_metadata",
+           "unpermute_rows"]
 
 
 def permute_rows(w: mx.array, n_head: int) -> mx.array:
@@ -106,96 +92,52 @@ def _check_supported(reader: GGUFReader, meta: dict, path: Path) -> None:
             f"{path}: architecture {arch!r} is not supported; supported: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     for t in reader.tensors:
-        if t.tensor_type not in DENSE_TYPES and t.tensor_type not in QUANT_BITS:
+        if t.tensor_type not in (*DENSE_TYPES, *AFFINE_BITS, *DENSE_DECODED):
             raise UnsupportedModelError(
                 f"{path}: tensor {t.name!r} has type {t.tensor_type.name}; supported types: "
                 f"{', '.join(SUPPORTED_TYPES)}")
 
 
-def _number(value):
-    """A metadata number as a plain int/float (float32 values printed at their shortest)."""
-    if isinstance(value, float):
-        return float(str(np.float32(value)))
-    return value
-
-
-def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
-    """HF llama ``config.json`` from the GGUF hyperparameters."""
-    arch = meta["general.architecture"]
-
-    def get(key, default=...):
-        value = meta.get(f"{arch}.{key}", default)
-        if value is ...:
-            raise ModelLoadError(f"{path}: metadata key {arch}.{key!r} is missing")
-        if isinstance(value, list):
-            raise UnsupportedModelError(f"{path}: per-layer {arch}.{key} is not supported")
-        return _number(value)
-
-    hidden, heads = get("embedding_length"), get("attention.head_count")
-    head_dim = get("attention.key_length", hidden // heads)
-    if get("rope.dimension_count", head_dim) != head_dim:
-        raise UnsupportedModelError(f"{path}: partial rotary embeddings "
-                                    f"({get('rope.dimension_count')} of {head_dim} dims) are not supported")
-    vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens") or ())
-    if not vocab:
-        raise ModelLoadError(f"{path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": hidden, "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"), "num_attention_heads": heads,
-        "num_key_value_heads": get("attention.head_count_kv", heads), "head_dim": head_dim,
-        "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
-        "rope_theta": get("rope.freq_base", 10000.0),
-        "max_position_embeddings": get("context_length", 2048), "vocab_size": vocab,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names, "mlp_bias": False,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-    }
-    scaling = get("rope.scaling.type", "none")
-    if scaling == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": get("rope.scaling.factor")}
-    elif scaling != "none":
-        raise UnsupportedModelError(f"{path}: rope scaling {scaling!r} is not supported (linear only)")
-    return config
-
-
-def _load_arrays(path: Path) -> dict[str, mx.array]:
-    try:
-        return mx.load(str(path))
-    except (RuntimeError, ValueError, OSError) as e:
-        raise ModelLoadError(f"cannot read the tensors of {path}: {e}") from e
-
-
-def _tensor_parts(tensor, arrays: dict, path: Path) -> dict[str, mx.array]:
+def _tensor_parts(tensor, path: Path) -> dict[str, mx.array]:
     """``{"weight": w}`` / ``{"bias": b}`` for dense tensors; weight, scales, biases if quantized."""
-    stem, _, suffix = tensor.name.rpartition(".")
+    suffix = tensor.name.rpartition(".")[2]
+    cols = int(tensor.shape[0])  # GGUF lists the fastest-varying (input) dimension first
+    rows = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    kind = tensor.tensor_type
     try:
-        if tensor.tensor_type == T.BF16:  # mx.load would round it to float16
+        if kind == T.BF16:
             return {suffix: mx.array(quants.dequantize(tensor.data, T.BF16)).astype(mx.bfloat16)}
-        if tensor.tensor_type in DENSE_TYPES:
-            return {suffix: arrays[tensor.name]}
-        return {"weight": arrays[tensor.name], "scales": arrays[f"{stem}.scales"],
-                "biases": arrays[f"{stem}.biases"]}
-    except KeyError as e:
-        raise ModelLoadError(f"{path}: MLX did not return tensor {e} ({tensor.tensor_type.name})") from e
+        if kind in DENSE_TYPES:
+            return {suffix: mx.array(np.asarray(tensor.data))}
+        if kind in DENSE_DECODED:
+            return {suffix: to_dense(tensor.data, kind, rows, cols)}
+        return to_affine(tensor.data, kind, rows, cols)
+    except (ValueError, IndexError) as e:  # a block array of the wrong size: a damaged file
+        raise ModelLoadError(f"{path}: cannot decode tensor {tensor.name!r} ({kind.name}): {e}") from e
 
 
 def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool = True):
     """HF-named weights and the mlx-lm ``quantization`` config (None when nothing is quantized)."""
-    arrays = _load_arrays(path)
-    heads = {"self_attn.q_proj": config["num_attention_heads"],
-             "self_attn.k_proj": config["num_key_value_heads"]}
+    arch = reader.fields["general.architecture"].contents()
+    heads = {}
+    if arch in PERMUTED_QK:
+        heads = {"self_attn.q_proj": config["num_attention_heads"],
+                 "self_attn.k_proj": config["num_key_value_heads"]}
+    shift = NORM_SHIFT.get(arch, 0.0)
     weights, bits = {}, {}
     for tensor in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor",
                        file=sys.stderr, disable=not progress):
-        module = hf_name(tensor.name, path).rpartition(".")[0]
+        module = hf_name(tensor.name, arch, path).rpartition(".")[0]
         n_head = heads.get(module.split(".", 3)[-1])  # "model.layers.N.<this>"; None: not Q/K
-        for suffix, array in _tensor_parts(tensor, arrays, path).items():
-            weights[f"{module}.{suffix}"] = array if n_head is None else unpermute_rows(array, n_head)
-        if tensor.tensor_type in QUANT_BITS:
-            bits[module] = QUANT_BITS[tensor.tensor_type]
-    _check_complete(weights, config, path)
+        for suffix, array in _tensor_parts(tensor, path).items():
+            if n_head is not None:
+                array = unpermute_rows(array, n_head)
+            if shift and module.endswith("norm") and suffix == "weight":
+                array = array - shift
+            weights[f"{module}.{suffix}"] = array
+        if tensor.tensor_type in AFFINE_BITS:
+            bits[module] = AFFINE_BITS[tensor.tensor_type]
+    _check_complete(weights, config, arch, path)
     return weights, quantization_config(bits)
 
 
@@ -211,8 +153,8 @@ def quantization_config(bits: dict[str, int]) -> dict | None:
     return config
 
 
-def _check_complete(weights: dict, config: dict, path: Path) -> None:
-    per_layer = [f"{n}.weight" for n in _LAYER_NAMES.values()]
+def _check_complete(weights: dict, config: dict, arch: str, path: Path) -> None:
+    per_layer = [f"{n}.weight" for n in LAYER_NAMES[arch].values()]
     needed = ["model.embed_tokens.weight", "model.norm.weight"] + [
         f"model.layers.{i}.{n}" for i in range(config["num_hidden_layers"]) for n in per_layer]
     missing = [n for n in needed if n not in weights]
