@@ -185,3 +185,23 @@ def test_bench_command_takes_sampling_and_spec_flags(model_dir, prompts_file, tm
     assert out_png.read_bytes().startswith(b"\x89PNG")
     bad = CliRunner().invoke(main, [*args[:7], "--plot", str(tmp_path / "r.gif")])
     assert bad.exit_code == 2 and "r.gif" in bad.output
+
+
+def test_bench_raw_sends_the_prompt_text_itself(target, prompts_file, monkeypatch):
+    """--raw (base models): each prompt goes in as raw text, not wrapped in a chat message."""
+    from edgespec import engine as engine_mod
+
+    sent = []
+    generate = engine_mod.Engine.generate
+
+    def spy(self, prompt, *a, **kw):
+        sent.append(prompt)
+        return generate(self, prompt, *a, **kw)
+
+    monkeypatch.setattr(engine_mod.Engine, "generate", spy)
+    prompts = load_prompts(prompts_file, limit=1)
+    report = run_bench(target, ["lookup"], prompts, generation=GenerationConfig(max_tokens=6),
+                       progress=False, raw=True)
+    assert report["env"]["prompt_format"] == "raw"
+    assert sent and all(p == prompts[0].text for p in sent)
+    assert all(r["exact"] for r in report["prompts"])
