@@ -323,3 +323,15 @@ def test_broken_checkpoints_are_named(deep, tmp_path):
     (tmp_path / "b" / "config.json").write_text(json.dumps({**cfg, "norm_before_residual": True}))
     with pytest.raises(HeadError, match="norm_before_residual"):
         load_head(tmp_path / "b")
+    (tmp_path / "b" / "config.json").write_text(json.dumps({**cfg, "target_hidden_size": 128}))
+    with pytest.raises(HeadError, match="hidden size 64 over a target of hidden size 128"):
+        load_head(tmp_path / "b")
+
+
+def test_saving_over_another_layout_leaves_only_the_new_weights(deep, tmp_path):
+    head = _trained_like(deep)
+    save_head(tmp_path / "h", head.config, head)  # head.safetensors
+    save_head(tmp_path / "h", head.config, head, layout="speculators")
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "h" / "config.json").read_text())["edgespec"]["layout"] == "speculators"
+    assert load_head(tmp_path / "h", deep)[0] == head.config

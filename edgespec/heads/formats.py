@@ -72,6 +72,9 @@ def save_head(path, config: HeadConfig, module, recipe: dict | None = None,
                    for k, v in params.items()}
         weights.update(_vocab_maps(module))
         file, cfg = "model.safetensors", {**_eagle_config(config, layout), **ours}
+    for stale in (_OURS, _MEDUSA, "model.safetensors"):  # another layout's weights, left here
+        if stale != file and (path / stale).is_file():   # by an earlier save, would be read first
+            (path / stale).unlink()
     mx.save_safetensors(str(path / file), weights)
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     if recipe is not None:
@@ -228,6 +231,10 @@ def _read_eagle(cfg: dict, weights: dict[str, mx.array], path: Path):
         raise HeadError(f"{path}: norm_before_residual=true heads are not supported (false is)")
     ours = cfg.get("edgespec", {})
     H = int(layer["hidden_size"])
+    target_h = cfg.get("target_hidden_size") or layer.get("target_hidden_size")
+    if target_h is not None and int(target_h) != H:
+        raise HeadError(f"{path}: a head of hidden size {H} over a target of hidden size "
+                        f"{target_h} is not supported (only heads as wide as their target)")
     aux = (cfg.get("eagle_aux_hidden_state_layer_ids")
            or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
     if aux is None:
