@@ -24,10 +24,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from tqdm import tqdm
 
+from ..errors import ConfigError
 from ..loading.tokenizer import Tokenizer
 from ..prompt import encode_prompt
 from .clock import Deadline, passed
 
+IDLE_ROUNDS = 5
 MAGPIE_SYSTEM = None  # the template's own default system prompt, as a user of the chat sees it
 
 
@@ -124,6 +126,9 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
     Sampled (temperature 1, top-p 0.95, seeded) so the questions differ; a question that
     ``keep`` refuses (an evaluation prompt, an empty or cut-off one) is dropped and another is
     drawn. Appends until ``path`` holds ``count`` questions. Returns counts for the report.
+    Each round's seed depends on (seed, questions kept, rounds since the last kept one), so a
+    resumed run draws what an uninterrupted one would; ``IDLE_ROUNDS`` rounds in a row without
+    a usable question raise :class:`ConfigError` (a model that never ends its question).
     """
     from mlx_lm.sample_utils import make_sampler
 
@@ -131,12 +136,16 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
     stop = set(tokenizer.eos_token_ids) | _end_of_turn(tokenizer)
     done = read_records(path)
     _rewrite(path, done)
-    dropped = rounds = 0
+    dropped = idle = 0
     bar = tqdm(total=count, initial=len(done), desc="questions (Magpie)", unit="q")
-    with path.open("a") as f:
+    with path.open("a") as f, bar:
         while len(done) < count and not passed(deadline):
-            mx.random.seed(seed + 1000 * len(done) + rounds)
-            rounds += 1
+            if idle >= IDLE_ROUNDS:
+                raise ConfigError(f"{tokenizer.name}: no usable question in {idle} rounds (each "
+                                  f"must end its turn within {max_tokens} tokens and not overlap "
+                                  "an evaluation prompt); pass --data prompts")
+            mx.random.seed(seed + 1000 * len(done) + idle)
+            before = len(done)
             want = min(batch * 4, (count - len(done)) * 5 // 4 + 4)
             fresh: list[tuple[list[int], str]] = []
 
@@ -157,7 +166,7 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
                     f.write(json.dumps(rec) + "\n")
                     bar.update(1)
             f.flush()
-    bar.close()
+            idle = 0 if len(done) > before else idle + (not passed(deadline))
     return {"questions": len(done), "dropped": dropped}
 
 
@@ -174,7 +183,7 @@ def write_answers(model: nn.Module, tokenizer: Tokenizer, questions: list[dict],
     prompts = [encode_prompt(tokenizer, _messages(q)) for q in todo]
     bar = tqdm(total=len(todo) * max_tokens, desc="answers (batched, tokens ≤)", unit="tok")
     t0 = time.perf_counter()
-    with path.open("a") as f:
+    with path.open("a") as f, bar:
         def on_done(i, ids, finish):
             q = todo[i]
             f.write(json.dumps({"id": q["id"], "prompt": q["prompt"], "ids": prompts[i],
@@ -185,7 +194,6 @@ def write_answers(model: nn.Module, tokenizer: Tokenizer, questions: list[dict],
 
         tokens = generate_batched(model, prompts, max_tokens=max_tokens, stop=stop, batch=batch,
                                   on_done=on_done, bar=bar, deadline=deadline) if todo else 0
-    bar.close()
     seconds = time.perf_counter() - t0
     have = {r["id"] for r in read_records(path)}
     return {"answers": len(have), "complete": all(q["id"] in have for q in questions),
