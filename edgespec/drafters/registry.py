@@ -186,12 +186,12 @@ def load_head_for(spec, target, kind: str):
                           f"`edgespec train {kind}` writes one")
     key = (str(path.resolve()), (path / "config.json").stat().st_mtime_ns, id(target))
     if key not in _loaded_heads:
-        config, module = load_head(path, target)
-        if config.kind != kind:
-            raise ConfigError(f"head {str(path)!r} is a {config.kind} head; method {kind!r} "
-                              f"needs a {kind} head")
-        _loaded_heads[key] = (path, module)
-    return _loaded_heads[key]
+        _loaded_heads[key] = load_head(path, target)
+    config, module = _loaded_heads[key]
+    if config.kind != kind:
+        raise ConfigError(f"head {str(path)!r} is a {config.kind} head; method {kind!r} "
+                          f"needs a {kind} head")
+    return path, module
 
 
 def heads_for(target, head: str | None = None) -> frozenset[str]:
