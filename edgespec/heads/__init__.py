@@ -11,10 +11,10 @@ they are shipped in, and where a target's head is found.
 """
 
 from .config import HeadConfig, fingerprint
-from .eagle3 import Eagle3Head, eagle3_loss
+from .eagle3 import Eagle3Head, depth_mask, eagle3_loss
 from .find import find_head
 from .formats import load_head, save_head
 from .medusa import MedusaHeads, medusa_loss, target_lm_head
 
-__all__ = ["Eagle3Head", "HeadConfig", "MedusaHeads", "eagle3_loss", "find_head", "fingerprint",
-           "load_head", "medusa_loss", "save_head", "target_lm_head"]
+__all__ = ["Eagle3Head", "HeadConfig", "MedusaHeads", "depth_mask", "eagle3_loss", "find_head",
+           "fingerprint", "load_head", "medusa_loss", "save_head", "target_lm_head"]
