@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -41,22 +42,36 @@ class OracleHeads(MedusaHeads):
     def __init__(self, target, seq: list[int], k: int = 3):
         super().__init__(HeadConfig.for_target(target, "medusa", num_heads=k))
         out = target.score(seq, target.make_cache(), head=False)
-        self.states = np.array(target.model.model.norm(out.hidden))
-        self.seq = seq
+        states = np.array(target.model.model.norm(out.hidden))
+        self.heads = [OracleHead(states, seq, i, self.config.vocab_size) for i in range(k)]
+
+
+def test_shared_lm_head_in_one_product_equals_the_heads_own_call(target):
+    heads = random_heads(target, k=3, own=False)
+    for block in (h.blocks[0] for h in heads.heads):  # non-trivial blocks
+        block.linear.weight = mx.random.normal(block.linear.weight.shape) * 0.1
+    drafter = MedusaDrafter(target, heads, None, nodes=3)
+    x = mx.random.normal((1, target.args.hidden_size))
+    want = heads(x, drafter.lm_head)[:2, 0]
+    assert mx.allclose(drafter._logits(x, 2), want, atol=1e-4)
+
+
+class OracleHead(nn.Module):
+    def __init__(self, states: np.ndarray, seq: list[int], i: int, vocab: int):
+        super().__init__()
+        self._states, self._seq, self._i, self._vocab = states, seq, i, vocab
 
     def __call__(self, normed, target_head=None):
-        V, K = self.config.vocab_size, self.config.num_heads
-        t = [self._position(row) for row in np.array(normed)]
-        logits = np.zeros((K, len(t), V), dtype=np.float32)
-        for i in range(K):
-            for r, p in enumerate(t):
-                logits[i, r, self.seq[p + 2 + i] if p + 2 + i < len(self.seq) else 0] = 30.0
-        return mx.array(logits)
+        rows = np.zeros((normed.shape[0], self._vocab), dtype=np.float32)
+        for r, row in enumerate(np.array(normed)):
+            p = self._position(row) + 2 + self._i
+            rows[r, self._seq[p] if p < len(self._seq) else 0] = 30.0
+        return mx.array(rows)
 
     def _position(self, row: np.ndarray) -> int:
         """The first position with the nearest state (a windowed model repeating one token
         reaches the same state again and again, and then goes on the same way)."""
-        d = np.sqrt(((self.states - row) ** 2).sum(-1))
+        d = np.sqrt(((self._states - row) ** 2).sum(-1))
         return int(np.flatnonzero(d <= d.min() + 1e-3)[0])
 
 

@@ -148,7 +148,7 @@ class Eagle3Drafter(Drafter):
         tokens, parents, conf, logp, depth = [root], [-1], [1.0], [0.0], [0]
         out_of = {0: self.last[0]}  # node -> its forward's output hidden row (1, H)
         fed: list[int] = []  # nodes whose entries sit in the cache after the true pairs
-        self._expand(0, self.last[1], tokens, parents, conf, logp, depth)
+        self._expand([0], self.last[1], tokens, parents, conf, logp, depth)
         forwards = 0
         for d in range(1, min(budget, self.max_depth)):
             level = [u for u in range(len(tokens)) if depth[u] == d]
@@ -168,7 +168,7 @@ class Eagle3Drafter(Drafter):
             fed.extend(frontier)
             for i, u in enumerate(frontier):
                 out_of[u] = out[i : i + 1]
-                self._expand(u, logits[i], tokens, parents, conf, logp, depth)
+            self._expand(frontier, logits, tokens, parents, conf, logp, depth)
         self.cache.trim(len(fed))
         keep, _ = self._cut(parents, conf, forwards)
         tree = subtree(tokens, parents, keep)
@@ -179,18 +179,22 @@ class Eagle3Drafter(Drafter):
             self.depth_ms = ms if not self.depth_ms else _EMA * self.depth_ms + (1 - _EMA) * ms
         return tree
 
-    def _expand(self, u: int, logits: mx.array, tokens, parents, conf, logp, depth) -> None:
-        """Add node u's top-k children (target ids, probabilities under the head)."""
-        p = mx.softmax(logits.reshape(-1).astype(mx.float32))
-        top = mx.argpartition(-p, self.top_k - 1)[: self.top_k]
-        probs = np.array(p[top])
-        ids = self.head.to_target_ids(np.array(top))
-        for i in np.argsort(-probs, kind="stable"):
-            tokens.append(int(ids[i]))
-            parents.append(u)
-            conf.append(float(probs[i]))
-            logp.append(logp[u] + float(np.log(max(probs[i], 1e-30))))
-            depth.append(depth[u] + 1)
+    def _expand(self, nodes: list[int], logits: mx.array, tokens, parents, conf, logp,
+                depth) -> None:
+        """Add each node's top-k children (target ids, probabilities under the head); row i of
+        ``logits`` (len(nodes), Vd) is node ``nodes[i]``'s. One evaluation for all rows."""
+        p = mx.softmax(logits.astype(mx.float32), axis=-1)
+        top = mx.argpartition(-p, self.top_k - 1, axis=-1)[:, : self.top_k]
+        probs, top = mx.take_along_axis(p, top, axis=-1), top
+        mx.eval(probs, top)
+        probs, ids = np.array(probs), self.head.to_target_ids(np.array(top))
+        for r, u in enumerate(nodes):
+            for i in np.argsort(-probs[r], kind="stable"):
+                tokens.append(int(ids[r, i]))
+                parents.append(u)
+                conf.append(float(probs[r, i]))
+                logp.append(logp[u] + float(np.log(max(probs[r, i], 1e-30))))
+                depth.append(depth[u] + 1)
 
     @staticmethod
     def _is_ancestor(parents: list[int], v: int, u: int) -> bool:

@@ -126,7 +126,7 @@ class MedusaDrafter(Drafter):
         t0 = time.perf_counter()
         depth = min(len(self.shape), budget)
         normed = self.target.model.model.norm(self.hidden)
-        logits = self.heads(normed, self.lm_head)[:depth, 0]  # (depth, V)
+        logits = self._logits(normed, depth)  # (depth, V)
         p = mx.softmax(logits.astype(mx.float32), axis=-1)
         widest = max(self.shape[:depth])
         top = mx.argsort(-p, axis=-1)[:, :widest]
@@ -143,12 +143,28 @@ class MedusaDrafter(Drafter):
         self.draft_ms = ms if not self.draft_ms else _EMA * self.draft_ms + (1 - _EMA) * ms
         return tree
 
+    def _logits(self, normed: mx.array, depth: int) -> mx.array:
+        """The first ``depth`` heads' logits (depth, V): only the heads the tree reaches, and
+        with the target's shared LM head one (depth, H) x (H, V) product rather than ``depth``
+        matrix-vector ones (the LM head is most of a small model's head cost)."""
+        heads = self.heads.heads[:depth]
+        if self.lm_head is None:
+            return mx.concatenate([head(normed, None) for head in heads])
+        return self.lm_head(mx.concatenate([_blocks(head, normed) for head in heads]))
+
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if tree is self._tree and tree.num_drafted:
             self.calibration.observe_tree(tree, self._confidence, accepted.path)
         self._tree = None
         self.hidden = target_out.hidden[accepted.path[-1] :][:1]
         self.history.extend(accepted.tokens)
+
+
+def _blocks(head, x: mx.array) -> mx.array:
+    """A Medusa head's residual blocks without its LM head."""
+    for block in head.blocks:
+        x = block(x)
+    return x
 
 
 def _recipe_shape(head_dir: Path | None, curve: CostCurve | None, num_heads: int):
