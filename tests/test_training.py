@@ -121,6 +121,18 @@ def test_schedule_warms_up_then_decays():
     assert values[2] > values[3] > values[4] >= 1e-3 / 20 - 1e-9
 
 
+def test_epoch_batches_cover_each_window_once_grouped_by_length():
+    rng = np.random.default_rng(0)
+    train = [(s, 0, int(n)) for s, n in enumerate(rng.integers(1, 300, 203))]
+    batches = [trainer.batch_at(k, train, 4, seed=2) for k in range(trainer.steps_per_epoch(203, 4))]
+    seen = [w for b in batches for w in b]
+    assert len(seen) == len(set(seen)) == 200 and all(len(b) == 4 for b in batches)
+    assert batches == [trainer.batch_at(k, train, 4, seed=2) for k in range(50)]
+    assert batches[0] != trainer.batch_at(50, train, 4, seed=2)  # the next epoch, reshuffled
+    spread = np.mean([max(w[2] for w in b) - min(w[2] for w in b) for b in batches])
+    assert spread < 60  # random batches of 4 lengths in 1..300 spread ~150 apart
+
+
 def _head(kind, tiny, store):
     mx.random.seed(0)
     if kind == "eagle3":

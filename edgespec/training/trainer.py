@@ -4,7 +4,8 @@ split, atomic checkpoints, resume, a time budget; the same result whether or not
 Contract: ``train(objective, store, plan, folder, deadline=...)`` runs steps ``start..plan.steps-1``
 where ``start`` is the step of the newest checkpoint in ``folder`` (0 without one) and returns
 the held-out metrics and timings. What a step sees depends only on ``(plan.seed, step)``: the
-order of the training windows is a seeded permutation per epoch and ``mx.random`` is reseeded
+batches of an epoch are a seeded function of the epoch (``epoch_batches``: windows of similar
+length together, batches in a shuffled order) and ``mx.random`` is reseeded
 from (seed, step), so a run stopped by its budget (or killed) and resumed from its checkpoint
 ends with the same weights as an uninterrupted one. A checkpoint (``step-N/``: weights,
 optimizer state, ``state.json`` with step, seed and the rng key) is written to a temporary
@@ -17,6 +18,7 @@ agreement with the target, shown live in the bar's postfix.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -73,13 +75,32 @@ def steps_per_epoch(n_windows: int, batch_size: int) -> int:
     return max(1, n_windows // batch_size)
 
 
-def batch_at(step: int, train: list, batch_size: int, seed: int) -> list:
-    """The windows of ``step``: epoch e = step // steps_per_epoch uses permutation (seed, e)."""
+POOL = 16
+"""Batches are formed from pools of POOL x batch_size windows of similar length (less padding)."""
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_batches(train: tuple, batch_size: int, seed: int, epoch: int) -> tuple:
+    """The batches (tuples of window indices) of one epoch, in order: a seeded permutation, cut
+    into pools whose windows are sorted by length and grouped, then the batches shuffled."""
+    rng = np.random.default_rng([seed, 11, epoch])
     per = steps_per_epoch(len(train), batch_size)
-    epoch, k = divmod(step, per)
-    order = np.random.default_rng([seed, 11, epoch]).permutation(len(train))
-    take = order[k * batch_size : (k + 1) * batch_size] if len(train) >= batch_size else order
-    return [train[i] for i in take]
+    order = rng.permutation(len(train))
+    if len(train) < batch_size:
+        return (tuple(order.tolist()),)
+    order = order[: per * batch_size]
+    length = [b - a for _, a, b in train]
+    batches = []
+    for i in range(0, len(order), POOL * batch_size):
+        pool = sorted(order[i : i + POOL * batch_size].tolist(), key=lambda k: (length[k], k))
+        batches += [tuple(pool[j : j + batch_size]) for j in range(0, len(pool), batch_size)]
+    return tuple(batches[i] for i in rng.permutation(len(batches)))
+
+
+def batch_at(step: int, train: list, batch_size: int, seed: int) -> list:
+    """The windows of ``step``: batch ``step % steps_per_epoch`` of epoch ``step // steps_per_epoch``."""
+    epoch, k = divmod(step, steps_per_epoch(len(train), batch_size))
+    return [train[i] for i in epoch_batches(tuple(train), batch_size, seed, epoch)[k]]
 
 
 def schedule(plan: Plan):
@@ -146,7 +167,7 @@ def train(objective, store: FeatureStore, plan: Plan, folder: Path, *, train_seq
     folder = Path(folder)
     module = objective.module
     train_w = windows(store, train_seqs, objective, plan.window)
-    held_w = windows(store, held_seqs, objective, plan.window)
+    held_w = sorted(windows(store, held_seqs, objective, plan.window), key=lambda w: (w[2] - w[1], w))
     opt = optim.AdamW(learning_rate=schedule(plan), weight_decay=plan.weight_decay)
     opt.init(module.trainable_parameters())
     state = load_checkpoint(folder, module, opt) if resume else None
@@ -187,7 +208,8 @@ def train(objective, store: FeatureStore, plan: Plan, folder: Path, *, train_seq
         bar.set_postfix(loss=f"{float(loss):.3f}", **{f"held_{k}": v for k, v in last.items()
                                                        if k not in ("step",)})
     bar.close()
-    checkpoint()
+    if step > start or state is None:
+        checkpoint()
     seconds = time.perf_counter() - t0
     return {"steps": plan.steps, "done": step, "stopped_by_budget": stopped,
             "resumed_from": start, "train_windows": len(train_w), "held_windows": len(held_w),
