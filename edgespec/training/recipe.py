@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 
 from ..errors import ConfigError
 from ..heads.config import HeadConfig, fingerprint
@@ -163,8 +162,9 @@ def phase_prompts(s: TrainSettings, target, folder: Path, exclusion: EvalExclusi
                                  batch=s.gen_batch, max_tokens=s.question_tokens, keep=keep,
                                  deadline=deadline)
     records = read_records(path)[: s.questions]
+    other = counts.get("dropped", 0) - refused["eval"]  # cut off, too short
     return records, {"source": "magpie", "wanted": s.questions, "kept": len(records),
-                     "dropped_eval": refused["eval"], "dropped_other": counts.get("dropped", 0) - refused["eval"]}
+                     "dropped_eval": refused["eval"], "dropped_other": other}
 
 
 def phase_answers(s: TrainSettings, target, folder: Path, questions: list[dict], generator,

@@ -80,7 +80,9 @@ class TrainSettings:
     time_budget: str | None = field(default=None, metadata=_help(
         "stop cleanly (checkpoint, head saved) after this long, e.g. 3600, 50m, 1h; rerun to resume"))
     seed: int = field(default=0, metadata=_help("seed of the questions, the split, the init and the order"))
-    resume: bool = field(default=True, metadata=_help("continue from the work dir's data and checkpoint"))
+    resume: bool = field(default=True, metadata=_help(
+        "continue training from the last checkpoint; --no-resume starts training over (the data "
+        "phases always keep what is done)"))
 
     def __post_init__(self) -> None:
         _one_of("kind", self.kind, KINDS)
