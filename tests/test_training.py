@@ -186,18 +186,18 @@ def test_training_fits_the_training_windows(kind, tiny, store, tmp_path):
 
 
 def test_windows_split_long_sequences_and_skip_untrained_pieces(store):
-    class Rows:  # the eagle3 row convention: a sequence of T tokens has T-1 rows
-        def rows(self, length):
-            return length - 1
-
-    w = trainer.windows(store, list(range(len(store))), Rows(), 4)
-    for s in range(len(store)):
-        r = store.rows(s)
-        pieces = [(a, b) for t, a, b in w if t == s]
-        assert all(b - a <= 4 for a, b in pieces)
-        trained = [p for p in range(r.stop - r.start - 1) if store.mask[r.start + p + 1]]
-        covered = [p for a, b in pieces for p in range(a, b)]
-        assert set(trained) <= set(covered)
+    for objective in (Eagle3Objective, MedusaObjective):
+        w = trainer.windows(store, list(range(len(store))), objective.__new__(objective), 4)
+        for s in range(len(store)):
+            r = store.rows(s)
+            pieces = [(a, b) for t, a, b in w if t == s]
+            assert all(b - a <= 4 for a, b in pieces)
+            trained = [p for p in range(r.stop - r.start - 1) if store.mask[r.start + p + 1]]
+            covered = [p for a, b in pieces for p in range(a, b)]
+            assert set(trained) <= set(covered) and covered == sorted(set(covered))
+            first = int(np.argmax(store.mask[r] > 0))  # P-1
+            # eagle3 pieces start at 0, 4, 8, ... (prompt rows are context); medusa's at row P-2
+            assert covered[0] == ((first - 1) // 4 * 4 if objective is Eagle3Objective else first - 1)
 
 
 # --- settings ---------------------------------------------------------------------------------

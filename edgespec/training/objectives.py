@@ -9,7 +9,8 @@ rows ``a..b-1`` of that sequence, ``row`` meaning a position whose prediction tr
 Row conventions (``heads.md``):
 - EAGLE-3 row p: features at p, ``emb(x_{p+1})``, label = the target's argmax at p+1, trains when
   the store's mask is set at p+1. Rows run 0 .. T-2 (the last position has no next token).
-- Medusa row t: ``norm(hidden_t)``; head i's label is the argmax at t+1+i. The loss reads the
+- Medusa row t: ``norm(hidden_t)``; head i's label is the argmax at t+1+i; rows start where the
+  first label is (the rows are independent, so the prompt's add nothing). The loss reads the
   argmax of the rows after the window, so a batch carries K rows past ``b`` (not trained); a row
   trains when every head's label is in the sequence and labelled (mask at t+1 and at t+K): the
   last K-1 rows of an answer are left out for the nearer heads, a price of ~K/250 of the rows for
@@ -40,9 +41,10 @@ class Eagle3Objective:
         self.embed = target.model.embed
         self.names = [f"d{j}" for j in range(depth)]
 
-    def rows(self, length: int) -> int:
-        """Rows of a sequence of ``length`` tokens (positions with a next token)."""
-        return length - 1
+    def rows(self, mask: np.ndarray) -> tuple[int, int]:
+        """The rows a sequence (its store mask) contributes: every position with a next token
+        (the prompt's rows train nothing but are the attention's context)."""
+        return 0, len(mask) - 1
 
     def batch(self, windows: list[tuple[int, int, int]]) -> dict:
         st = self.store
@@ -70,8 +72,10 @@ class MedusaObjective:
         self.target_head = None if heads.config.own_lm_head else target_lm_head(target)
         self.names = [f"h{i}" for i in range(self.K)]
 
-    def rows(self, length: int) -> int:
-        return length - 1
+    def rows(self, mask: np.ndarray) -> tuple[int, int]:
+        """From the first row that trains (rows are independent: no context needed)."""
+        first = int(np.argmax(mask > 0))  # P-1: the first labelled position; row P-2 predicts it
+        return max(first - 1, 0), len(mask) - 1
 
     def batch(self, windows: list[tuple[int, int, int]]) -> dict:
         st, K = self.store, self.K

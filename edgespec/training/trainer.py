@@ -59,13 +59,14 @@ def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
 
 
 def windows(store: FeatureStore, seqs: list[int], objective, size: int) -> list[tuple[int, int, int]]:
-    """Each sequence's rows in pieces of at most ``size``; pieces with no trained row are left out."""
+    """Each sequence's rows (``objective.rows``) in pieces of at most ``size``; pieces with no
+    trained row are left out."""
     out = []
     for s in seqs:
         r = store.rows(s)
-        rows = objective.rows(r.stop - r.start)
-        for a in range(0, rows, size):
-            b = min(a + size, rows)
+        lo, hi = objective.rows(np.asarray(store.mask[r]))
+        for a in range(lo, hi, size):
+            b = min(a + size, hi)
             if store.mask[r.start + a + 1 : r.start + b + 1].any():
                 out.append((s, a, b))
     return out
