@@ -176,7 +176,7 @@ def phase_answers(s: TrainSettings, target, folder: Path, questions: list[dict],
     if not wanted <= have:
         counts = write_answers(generator(), target.tokenizer, questions, path, batch=s.gen_batch,
                                max_tokens=s.answer_tokens, deadline=deadline)
-        counts["plain_tokens_per_s"] = plain_decoding_rate(target)
+    counts["plain_tokens_per_s"] = plain_decoding_rate(target)  # same machine, same moment
     answers = [r for r in read_records(path) if r["id"] in wanted]
     counts["all_runs"] = _add_up(folder / "answers_stats.json", counts)
     counts["answers"] = len(answers)
@@ -190,7 +190,6 @@ def _add_up(path: Path, counts: dict) -> dict:
     if counts.get("new_tokens"):
         total["tokens"] += counts["new_tokens"]
         total["seconds"] = round(total["seconds"] + counts["seconds"], 1)
-        total["plain_tokens_per_s"] = counts["plain_tokens_per_s"]
         path.write_text(json.dumps(total))
     total["tokens_per_s"] = round(total["tokens"] / total["seconds"], 1) if total["seconds"] else None
     return total
@@ -257,12 +256,15 @@ def summary(r: dict) -> str:
         f"data: {r['prompts'].get('kept')} prompts ({r['prompts'].get('dropped_eval', 0)} dropped: "
         f"overlap with evaluation prompts), {r['data']['sequences']} sequences, "
         f"{r['data']['tokens']} tokens ({r['data']['answer_tokens']} trained positions)",
-        f"answers: {a['tokens']} tokens at {a['tokens_per_s']} tok/s batched "
-        f"(plain decoding: {a.get('plain_tokens_per_s')} tok/s)",
+        (f"answers: {a['tokens']} tokens at {a['tokens_per_s']} tok/s batched" if a["tokens"] else
+         "answers: written before this work dir kept timings") +
+        f" (plain decoding now: {r['answers']['plain_tokens_per_s']} tok/s)",
         f"features: {f['tokens']} tokens at {f['tokens_per_s']} tok/s (labels agree with the "
         f"answers at {r['features']['label_agreement']:.2%} of answer positions)",
         f"train: {t.get('rows_per_s')} rows/s; held-out: " + ", ".join(f"{k} {v}" for k, v in held.items()),
         "time (this run): " + ", ".join(f"{k} {v:.0f}s" for k, v in r["timings_s"].items()),
+        "time (every run in this work dir): "
+        + ", ".join(f"{k} {v:.0f}s" for k, v in r["timings_total_s"].items()),
     ]
     if "held_out_label_coverage" in t:
         lines.insert(2, f"draft vocabulary: {t['draft_vocab']} tokens cover "
