@@ -5,6 +5,7 @@ run equal to an uninterrupted one), the settings' validation and their generated
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import click
 import mlx.core as mx
@@ -238,3 +239,27 @@ def test_every_setting_is_an_option():
     assert {f.name for f in FLAGS} == names
     s = settings_from("medusa", {"out": "o", "lr": None, "resume": False, "steps": 5})
     assert (s.kind, s.out, s.lr, s.resume, s.steps) == ("medusa", "o", None, False, 5)
+
+
+def test_answers_resume_after_a_kill(tiny_models, tmp_path):
+    """A kill leaves whole records and maybe a torn line: a rerun drops the torn line, keeps the
+    finished answers and writes only the missing ones (greedy, so they equal a full run's)."""
+    from edgespec.training.answers import load_batch_model, read_records, write_answers
+
+    path = tiny_models.path(layers=2)
+    target = tiny_models.load(layers=2)
+    model = load_batch_model(path)
+    questions = [{"id": i, "prompt": f"Question number {i}?"} for i in range(4)]
+    full = tmp_path / "full.jsonl"
+    info = write_answers(model, target.tokenizer, questions, full, batch=4, max_tokens=6)
+    assert info["complete"] and info["answers"] == 4
+    records = read_records(full)
+    cut = tmp_path / "cut.jsonl"
+    kept = "".join(json.dumps(r) + "\n" for r in records[:2])
+    cut.write_text(kept + json.dumps(records[2])[:25])  # killed while writing the third
+    assert len(read_records(cut)) == 2
+    again = write_answers(model, target.tokenizer, questions, cut, batch=4, max_tokens=6)
+    assert again["complete"] and again["new_tokens"] == 2 * 6
+    by_id = lambda rs: {r["id"]: r for r in rs}  # noqa: E731
+    assert by_id(read_records(cut)) == by_id(records)
+    assert cut.read_text().startswith(kept)
