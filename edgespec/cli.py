@@ -1,4 +1,4 @@
-"""The ``edgespec`` command: generate, bench, doctor, make-draft (serve and chat load lazily).
+"""The ``edgespec`` command: generate, bench, doctor, make-draft, train (serve and chat load lazily).
 
 Options for the model, speculation, sampling and generation are generated from the config
 dataclasses (``options.py``) and validated by constructing them, so the CLI, the server and the
@@ -17,6 +17,8 @@ import click
 from . import options
 from .drafters.registry import NAMES
 from .errors import EdgespecError
+from .training import settings as train_settings
+from .training.settings import KINDS as TRAIN_KINDS
 
 
 def _fail(message: str) -> None:
@@ -167,6 +169,33 @@ def make_draft(layers, out_dir, **kw):
     model = options.configs("make-draft", kw).model.model
     path = truncate_model(resolve_model(model), layers, out_dir)
     click.echo(f"wrote {path} ({layers} layers of {model})")
+
+
+class OneLineUsage(click.Command):
+    """A command whose usage errors (unknown flag, bad value, missing option) are one line on
+    stderr and exit status 2, like edgespec's own errors."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            _fail(e.format_message())
+
+
+@main.command(cls=OneLineUsage)
+@click.argument("kind", type=click.Choice(TRAIN_KINDS))
+@train_settings.click_options
+@guarded
+def train(kind, **kw):
+    """Train an EAGLE-3 or Medusa head for a model on this machine (resumable).
+
+    KIND is eagle3 or medusa. Data: --data prompts or questions the model writes itself,
+    answered by the model; never the evaluation prompts. The head goes to --out.
+    """
+    from .training.recipe import run
+
+    settings = train_settings.settings_from(kind, kw)
+    run(settings, log=lambda line: click.echo(line, err=True))
 
 
 @main.command()

@@ -81,6 +81,10 @@ class SpecConfig:
     exit_layer: int | None = field(default=None, metadata={
         "help": "layers the early-exit draft runs (method 'early-exit'); default: calibrated",
         "exclusive": True})
+    head: str | None = field(default=None, metadata={
+        "help": "trained head directory (methods " + ", ".join(registry.readers("head"))
+                + "); default: the one found for the model (`edgespec train` makes one)",
+        "exclusive": True})
     draft_bits: int = field(default=4, metadata={"help": "bits of the quantized self-draft (method 'quantized'): 2, 3, 4 or 8"})
 
     def __post_init__(self) -> None:
@@ -100,8 +104,9 @@ class SpecConfig:
                f"draft must be a model reference (a non-empty string) or None, got {d!r}")
         _check(not (method.needs_draft and d is None),
                f"method {self.method!r} needs a draft model: pass draft=REF (CLI: --draft REF)")
-        _check(not method.needs_head, f"method {self.method!r} needs a trained head, which this "
-                                      "version cannot load yet")
+        hd = self.head
+        _check(hd is None or (isinstance(hd, str) and hd.strip()),
+               f"head must be a head directory (a non-empty string) or None, got {hd!r}")
         e = self.exit_layer
         _check(e is None or (_is_int(e) and e >= 1), f"exit_layer must be an integer >= 1, got {e!r}")
         _check(self.draft_bits in (2, 3, 4, 8) and _is_int(self.draft_bits),

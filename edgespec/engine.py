@@ -79,6 +79,17 @@ class Result:
                    reason, steps)
 
 
+def _joined(outs: list[TargetOutput], capture: tuple[int, ...], target: Target) -> TargetOutput:
+    """The prefill chunks' rows as one TargetOutput (no logits: prefill skips the LM head)."""
+    if not outs:  # the whole prompt came from the reused cache
+        empty = mx.zeros((0, target.args.hidden_size))
+        return TargetOutput(None, empty, {i: empty for i in capture})
+    if len(outs) == 1:
+        return outs[0]
+    return TargetOutput(None, mx.concatenate([o.hidden for o in outs]),
+                        {i: mx.concatenate([o.captured[i] for o in outs]) for i in capture})
+
+
 class Engine:
     """Speculative generation with one target and (optionally) one drafter.
 
@@ -147,15 +158,22 @@ class Engine:
         if drafter is not None and drafter.lower_layers:  # it drafts through the target's layers
             lower = LowerLayers(target, cache, drafter.lower_layers)
 
+        capture = drafter.target_features if drafter is not None else ()
+        keep = bool(capture) or (drafter is not None and drafter.wants_hidden)
+
         def prefill() -> None:
+            outs = []
             for a in range(start, len(ids) - 1, _PREFILL_CHUNK):
-                target.score(ids[a : min(a + _PREFILL_CHUNK, len(ids) - 1)], cache, head=False)
+                out = target.score(ids[a : min(a + _PREFILL_CHUNK, len(ids) - 1)], cache,
+                                   capture=capture, head=False)
                 cache.commit()
-                mx.eval(cache.state())
+                mx.eval(cache.state(), *((out.hidden, *out.captured.values()) if keep else ()))
+                if keep:
+                    outs.append(out)
             if drafter is not None:
                 if drafter.lower_layers:
                     drafter.use_lower_layers(lower)
-                drafter.prefill(ids, None, cfg)
+                drafter.prefill(ids, _joined(outs, capture, target) if keep else None, cfg)
 
         def propose(root: int, budget: int) -> DraftTree:
             if drafter is None or budget <= 0:
@@ -169,7 +187,7 @@ class Engine:
         def score(tree: DraftTree) -> TargetOutput:
             if lower is not None and lower.fed:
                 return lower.score(tree)  # the drafter ran the lower layers: the rest only
-            return target.score(tree, cache)
+            return target.score(tree, cache, capture=capture)
 
         t0 = time.perf_counter()
         prefill()

@@ -45,3 +45,7 @@ class CacheRollbackError(EdgespecError):
 
 class UnavailableError(EdgespecError):
     """The generation worker is stopping or has stopped; the request was not run."""
+
+
+class HeadError(EdgespecError):
+    """A trained head cannot be read, or does not fit the target (shape, vocabulary, fingerprint)."""

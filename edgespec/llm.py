@@ -83,8 +83,10 @@ class LLM:
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The methods this LLM can run (``draft`` and ``cascade`` need ``load(..., draft=REF)``)."""
-        return registry.available(self._defaults.get("draft"))
+        """The methods this LLM can run (``draft`` and ``cascade`` need ``load(..., draft=REF)``,
+        ``eagle3`` and ``medusa`` a trained head for the model)."""
+        return registry.available(self._defaults.get("draft"),
+                                  registry.heads_for(self.target, self._defaults.get("head")))
 
     def __repr__(self) -> str:
         return f"LLM({self.target.name!r}, method={self.method!r})"

@@ -67,12 +67,12 @@ SURFACES: dict[str, Surface] = {
     "chat": Surface(CONFIGS, skip=("model",), defaults={"method": _INTERACTIVE}),  # MODEL: argument
     "serve": Surface((ModelConfig, SpecConfig), defaults={"method": _INTERACTIVE}),
     "request": Surface((SpecConfig, SamplingConfig, GenerationConfig),
-                       skip=("draft",),  # loaded once when the server starts, never by a request
+                       skip=("draft", "head"),  # loaded once when the server starts, never by a request
                        defaults={**_SERVER_SPEC, "temperature": Default(1.0, "OpenAI's default"),
                                  "max_tokens": Default(None, "the server's --max-tokens-limit")}),
     "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE_PY}),  # edgespec.load(**options)
     "call": Surface((SpecConfig, SamplingConfig, GenerationConfig),  # llm.chat(..., **options)
-                    skip=("draft",)),  # loaded once, with the model
+                    skip=("draft", "head")),  # loaded once, with the model
     "doctor": Surface((ModelConfig,)),
     "make-draft": Surface((ModelConfig,), skip=("dtype",)),
 }

@@ -130,3 +130,12 @@ def chain_mask(n: int, key_positions: np.ndarray, root_position: int,
     """``attention_mask`` for a chain of ``n`` new tokens (a prefill chunk or a draft chain)."""
     return attention_mask(DraftTree(list(range(n)), list(range(-1, n - 1))),
                           key_positions, root_position, window)
+
+
+def subtree(tokens: list[int], parents: list[int], keep) -> DraftTree:
+    """The tree of the root and the nodes ``keep`` (ids into ``tokens``/``parents``; closed under
+    ancestors), in their original order, so parents still precede children."""
+    order = [0] + sorted(int(u) for u in keep if u != 0)
+    index = {u: i for i, u in enumerate(order)}
+    assert all(parents[u] in index for u in order[1:]), "keep must hold every kept node's parent"
+    return DraftTree([tokens[u] for u in order], [-1] + [index[parents[u]] for u in order[1:]])

@@ -5,10 +5,11 @@ The picture (``docs/architecture.md``), bottom to top:
     0  errors, config                        (no mlx)
     1  loading/, tree, sampling, cache, stream_text, prompt, stats
     2  kernels/, verify
-    3  targets/
+    3  targets/, heads/ (trained drafting heads: EAGLE-3, Medusa, their formats)
     4  drafters/
     5  engine, options (what each surface takes from the config classes), worker (the one
-       generation thread the server and the Python API run the engine on)
+       generation thread the server and the Python API run the engine on), training/ (it runs
+       the target and the heads)
     6  bench, bench_plot, doctor, server/, tui/, cli, llm, streams, __init__ (the surfaces)
 
 A module missing from ``LAYERS`` fails the test, so a new file has to take a place in the
@@ -26,9 +27,9 @@ LAYERS = {
     "errors": 0, "config": 0,
     "loading": 1, "tree": 1, "sampling": 1, "cache": 1, "stream_text": 1, "prompt": 1, "stats": 1,
     "kernels": 2, "verify": 2,
-    "targets": 3,
+    "targets": 3, "heads": 3,
     "drafters": 4,
-    "engine": 5, "options": 5, "worker": 5,
+    "engine": 5, "options": 5, "worker": 5, "training": 5,
     "bench": 6, "bench_plot": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6, "llm": 6, "streams": 6,
     "__init__": 6,
     "__main__": 6,

@@ -30,10 +30,14 @@ from scipy.stats import power_divergence
 
 import edgespec.verify
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
+from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
+from edgespec.drafters.medusa import MedusaDrafter
 from edgespec.sampling import probs, sample
 from edgespec.verify import Accepted
 
+from .test_eagle3 import OracleHead
+from .test_medusa import OracleHeads
 from .tiny import logits_from_scratch
 
 L = 3  # tokens per sequence; a step proposes at most L - 1 drafts, so the joint spans steps
@@ -114,7 +118,21 @@ DRAFTERS = {  # for a 2-layer target
     "quantized": spec("quantized", draft_bits=4),
     "cascade": spec("cascade", draft="-"),
     "auto": spec("auto", draft="-"),
+    "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
+    "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
 }
+def greedy_head(target, draft, sampling, kind: str):
+    """A head that knows the target's greedy continuation of the test's prompt (the oracle heads
+    of test_eagle3.py / test_medusa.py): under sampling its top guess is often, not always,
+    what the target samples, so drafts are both accepted and rejected; the other children are
+    its (arbitrary) next-best tokens."""
+    ids = prompt_ids(target)
+    seq = ids + Engine(target).generate(ids, max_tokens=2 * L).token_ids
+    if kind == "medusa":
+        return MedusaDrafter(target, OracleHeads(target, seq, k=2), None, shape=(2, 2), nodes=3)
+    return Eagle3Drafter(target, OracleHead(target, seq), None, nodes=3)
+
+
 MODEL = {"seed": 3, "scale": 1.0, "tie": False}  # untied: a tied random model only repeats itself
 
 
@@ -127,9 +145,14 @@ def setup(tiny_models):
     makes the target so sure of the next one that there is no distribution left to test.)"""
     target = tiny_models.load(**MODEL)
     draft = tiny_models.load(**{**MODEL, "scale": 1.3})
+    return target, draft, prompt_ids(target)
+
+
+def prompt_ids(target) -> list[int]:
+    """The test's prompt: PROMPT, the target's greedy output, its first token again."""
     ids = Engine(target).encode(PROMPT)
     greedy = Engine(target).generate(ids, max_tokens=24).token_ids
-    return target, draft, ids + greedy + greedy[:1]
+    return ids + greedy + greedy[:1]
 
 
 @pytest.mark.parametrize("method", list(DRAFTERS))

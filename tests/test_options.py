@@ -138,9 +138,11 @@ def test_spec_for_gives_an_exclusive_option_only_to_its_readers():
         options.spec_for("magic", shared)
 
 
-def test_every_spec_field_is_a_request_field_but_draft():
+def test_every_spec_field_is_a_request_field_but_draft_and_head():
+    """The draft model and the trained head are loaded once, when the server starts: a request
+    never names a file on the server."""
     request = {f.name for f in options.SURFACES["request"].fields()}
     spec = {f.name for f in dataclasses.fields(SpecConfig)}
-    assert spec - request == {"draft"}
+    assert spec - request == {"draft", "head"}
     method = next(f for f in dataclasses.fields(SpecConfig) if f.name == "method")
     assert method.metadata["choices"] == registry.NAMES

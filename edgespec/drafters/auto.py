@@ -22,7 +22,9 @@ decides only the steps where the evidence is weak (a 1- or 2-token match, estima
 1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
-stays in step with the history. Which arm proposes never changes the output: the verifier is
+stays in step with the history; the target's output goes to every arm, and ``auto`` declares the
+union of its arms' ``target_features`` / ``wants_hidden``, so an EAGLE-3 arm learns the true
+features of every committed token, whichever arm proposed. Which arm proposes never changes the output: the verifier is
 lossless for any proposal, and the bandit draws no random numbers of its own.
 """
 
@@ -46,6 +48,10 @@ class AutoDrafter(Drafter):
                  max_wait: int = 32, margin: float = 0.75, clock=time.perf_counter):
         assert PLAIN in arms, "auto needs the plain arm to fall back to"
         self.arms = arms
+        live = [a for a in arms.values() if a is not None]
+        # abilities the engine honours for the arms that declare them (EAGLE-3's features)
+        self.target_features = tuple(sorted({i for a in live for i in a.target_features}))
+        self.wants_hidden = any(a.wants_hidden for a in live)
         self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
         self.clock = clock
         self.value = {name: None for name in arms}  # tokens/s; None = untried

@@ -15,7 +15,18 @@ member directly:
   engine then hands it a :class:`~edgespec.targets.lower_layers.LowerLayers` through
   ``use_lower_layers`` and verifies only the layers above;
 - ``rewind(n)``: forget the last ``n`` tokens it was shown, cheaply (``cascade`` rewinds its
-  inner drafter after a rejection; a drafter that cannot says so and is prefilled again).
+  inner drafter after a rejection; a drafter that cannot says so and is prefilled again);
+- ``target_features``: layers whose INPUT hidden states the drafter learns from (EAGLE-3's aux
+  layers). When non-empty the engine captures them (``Target.score(..., capture=)``) in every
+  prefill chunk and every verification, and ``target_out.captured[layer]`` holds one row per
+  scored token: in ``prefill``, the prompt positions the engine actually scored (with prefix
+  reuse the first ones are not re-scored: the rows are the LAST ones of the prompt but its final
+  token), in ``update``, one per tree node;
+- ``wants_hidden``: the drafter reads ``target_out.hidden`` (the last layer's output, before the
+  final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too.
+
+A drafter that declares neither gets ``target_out=None`` in ``prefill`` and costs the engine
+nothing extra.
 """
 
 from __future__ import annotations
@@ -30,10 +41,16 @@ from ..verify import Accepted
 class Drafter:
     name: str = ""
     lower_layers: int = 0  # ability: drafts through this many of the target's own first layers
+    target_features: tuple[int, ...] = ()  # ability: the layers whose input hidden states it reads
+    wants_hidden: bool = False  # ability: reads the target's last hidden state in prefill too
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig) -> None:
         """Start a sequence: ``tokens`` is the whole prompt; its last token is the first root.
+
+        ``target_out`` is None unless the drafter declares ``target_features`` or
+        ``wants_hidden``; then it holds the rows of the prompt positions the engine scored
+        (``len(tokens) - 1 - rows`` of them came from the reused cache and have none).
 
         ``sampling`` is the request's config: a sampling drafter filters q with it and seeds its
         random stream from it.

@@ -13,7 +13,7 @@ Adding a method is one file under ``drafters/`` plus one entry (and its builder)
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,13 +40,15 @@ class Method:
     build: Builder
     reads: tuple[str, ...] = ()  # the SpecConfig fields ``build`` (and ``arm``) read
     needs_draft: bool = False  # a separate draft model (--draft REF)
-    needs_head: bool = False  # a trained head network (EAGLE-3 / Medusa); none is shipped yet
+    needs_head: bool = False  # a trained head network (EAGLE-3 / Medusa) of its own name's kind
     arm: Builder | None = None  # how ``auto`` builds it as an arm; None: not one of its arms
 
-    def available(self, draft: object = None) -> bool:
+    def available(self, draft: object = None, heads: Collection[str] = ()) -> bool:
         """Whether it can run when ``draft`` (a reference or a loaded model; None: no draft
-        model) is what was given."""
-        return not self.needs_head and (draft is not None or not self.needs_draft)
+        model) is what was given and ``heads`` names the methods a trained head exists for
+        (``heads_for``)."""
+        return ((not self.needs_head or self.name in heads)
+                and (draft is not None or not self.needs_draft))
 
     def uses_draft(self, draft: object = None) -> bool:
         """Whether building it with ``draft`` given uses that draft model."""
@@ -142,13 +144,79 @@ def _quantized(spec, target, sampling, draft):
                             spec.adaptive)
 
 
+def _eagle3(spec, target, sampling, draft):
+    from ..targets.cost import verify_cost_curve
+    from .eagle3 import Eagle3Drafter
+
+    _, head = load_head_for(spec, target, "eagle3")
+    return Eagle3Drafter(target, head, verify_cost_curve(target) if spec.adaptive else None,
+                         nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
+
+
+def _medusa(spec, target, sampling, draft):
+    from ..targets.cost import verify_cost_curve
+    from .medusa import MedusaDrafter
+
+    path, heads = load_head_for(spec, target, "medusa")
+    curve = verify_cost_curve(target)
+    return MedusaDrafter(target, heads, curve, shape=None, recipe_dir=path,
+                         nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
+
+
+_loaded_heads: dict[tuple, tuple] = {}
+
+
+def load_head_for(spec, target, kind: str):
+    """(path, module) of ``spec.head``, else of the head ``find_head`` finds for ``target``;
+    ConfigError naming the model and ``edgespec train`` when there is none. Loaded once per
+    (path, modification time, target)."""
+    from ..heads import find_head, load_head
+
+    path = spec.head if spec.head is not None else find_head(target, kind)
+    if path is None:
+        raise ConfigError(
+            f"method {kind!r} needs a trained {kind} head and none was found for model "
+            f"{target.name}: pass --head PATH, or train one with `edgespec train {kind} --model "
+            f"{target.path or target.name} --out DIR`")
+    from pathlib import Path
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"head {str(path)!r} is not a head directory (it has no config.json); "
+                          f"`edgespec train {kind}` writes one")
+    key = (str(path.resolve()), (path / "config.json").stat().st_mtime_ns, id(target))
+    if key not in _loaded_heads:
+        _loaded_heads[key] = load_head(path, target)
+    config, module = _loaded_heads[key]
+    if config.kind != kind:
+        raise ConfigError(f"head {str(path)!r} is a {config.kind} head; method {kind!r} "
+                          f"needs a {kind} head")
+    return path, module
+
+
+def heads_for(target, head: str | None = None) -> frozenset[str]:
+    """The methods needing a head that can run on ``target``: the kind of ``head`` when one is
+    given (a head directory), else each kind ``find_head`` finds a head of."""
+    from ..heads import find_head
+
+    kinds = [m.name for m in METHODS if m.needs_head]
+    if head is not None:
+        from ..heads.formats import load_head
+
+        config, _ = load_head(head, target)  # HeadError when it does not fit the target
+        return frozenset(k for k in kinds if k == config.kind)
+    return frozenset(k for k in kinds if find_head(target, k) is not None)
+
+
 def _auto(spec, target, sampling, draft):
-    """A bandit over the arms below that can run here (a draft-model arm only with a draft)."""
+    """A bandit over the arms below that can run here (a draft-model arm only with a draft, an
+    EAGLE-3 arm only with a head for the target)."""
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
+    heads = heads_for(target, spec.head)
     return AutoDrafter({m.name: m.arm(spec, target, sampling, draft) for m in METHODS
-                        if m.arm is not None and m.available(given)})
+                        if m.arm is not None and m.available(given, heads)})
 
 
 # -- the registry: its order is the order every surface lists methods in (and auto's arms) ------
@@ -170,8 +238,12 @@ METHODS: tuple[Method, ...] = (
            _quantized, reads=("draft_bits", *_LENGTH)),
     Method("cascade", "prompt lookup drafts for the draft model, which drafts for the target",
            _cascade, reads=("draft", *_LENGTH), needs_draft=True),
-    Method("auto", "a bandit over plain decoding, lookup and the draft model, by measured speed",
-           _auto, reads=("draft", *_LENGTH)),
+    Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features",
+           _eagle3, reads=("head", *_LENGTH), needs_head=True, arm=_eagle3),
+    Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
+           _medusa, reads=("head", *_LENGTH), needs_head=True),
+    Method("auto", "a bandit over plain decoding, lookup, the draft model and an EAGLE-3 head, "
+           "by measured speed", _auto, reads=("draft", "head", *_LENGTH)),
 )
 
 NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)
@@ -185,9 +257,10 @@ def get(name: str) -> Method:
     raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(NAMES)}")
 
 
-def available(draft: object = None) -> tuple[str, ...]:
-    """The methods that can run when ``draft`` is what was given (None: no draft model)."""
-    return tuple(m.name for m in METHODS if m.available(draft))
+def available(draft: object = None, heads: Collection[str] = ()) -> tuple[str, ...]:
+    """The methods that can run when ``draft`` is what was given (None: no draft model) and
+    ``heads`` names the methods with a trained head (``heads_for``)."""
+    return tuple(m.name for m in METHODS if m.available(draft, heads))
 
 
 def readers(field_name: str) -> tuple[str, ...]:

@@ -88,6 +88,9 @@ def _spec(sent: dict, state: ServerState) -> SpecConfig:
     if method not in state.methods:
         needs = " (it needs a draft model: start the server with --draft REF)" if (
             entry.needs_draft) else ""
+        if entry.needs_head:
+            needs = (f" (it needs a trained {method} head for model {state.model_name}: make one "
+                     f"with `edgespec train {method}`, then start the server with --head DIR)")
         raise RequestError(f"method {method!r} is not available on this server{needs}; "
                            f"available: {', '.join(state.methods)}", "method")
     return state.settings.spec(method, sent)

@@ -60,9 +60,10 @@ class ServerSettings:
         return options.spec_for(method, {**self.spec_options, "draft": self.draft},
                                 own=options.pick(SpecConfig, sent, skip=("draft",)))
 
-    def available_methods(self) -> tuple[str, ...]:
-        """Methods whose requirements this server meets (a draft model for 'draft', ...)."""
-        return registry.available(self.draft)
+    def available_methods(self, target) -> tuple[str, ...]:
+        """Methods whose requirements this server meets (a draft model for 'draft', a trained
+        head for the loaded ``target`` for 'eagle3' and 'medusa', ...)."""
+        return registry.available(self.draft, registry.heads_for(target, self.spec_options.get("head")))
 
     def default_method(self) -> str:
         return self.method if self.method is not None else options.interactive_method(self.draft)
@@ -76,7 +77,9 @@ class ServerState:
         self.worker = worker
         self.target = worker.target
         self.method = settings.default_method()
-        self.methods = settings.available_methods()
+        self.methods = settings.available_methods(self.target)
+        if self.method not in self.methods and registry.get(self.method).needs_head:
+            registry.load_head_for(settings.spec(self.method, {}), self.target, self.method)
         self.created = int(time.time())
 
     @classmethod

@@ -24,8 +24,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from tqdm import tqdm
 
+from ..errors import ConfigError
 from ..loading.tokenizer import Tokenizer
+from ..prompt import encode_prompt
+from .clock import Deadline, passed
 
+IDLE_ROUNDS = 5
 MAGPIE_SYSTEM = None  # the template's own default system prompt, as a user of the chat sees it
 
 
@@ -84,9 +88,11 @@ def _rewrite(path: Path, records: list[dict]) -> None:
 
 def generate_batched(model: nn.Module, prompts: list[list[int]], *, max_tokens: int,
                      stop: Iterable[int], batch: int, sampler=None,
-                     on_done: Callable[[int, list[int], str], None], bar: tqdm) -> int:
+                     on_done: Callable[[int, list[int], str], None], bar: tqdm,
+                     deadline: Deadline | None = None) -> int:
     """Continuous-batched generation of every prompt; ``on_done(index, ids, finish)`` per
-    sequence as it finishes (stop tokens excluded). Returns the number of generated tokens."""
+    sequence as it finishes (stop tokens excluded). Returns the number of generated tokens.
+    Once ``deadline`` has passed it stops; unfinished sequences are dropped."""
     from mlx_lm.generate import BatchGenerator
 
     stop = list(stop)
@@ -98,7 +104,7 @@ def generate_batched(model: nn.Module, prompts: list[list[int]], *, max_tokens: 
     out: dict[int, list[int]] = {u: [] for u in uids}
     total = 0
     try:
-        while out:
+        while out and not passed(deadline):
             for r in gen.next_generated():
                 total += 1
                 bar.update(1)
@@ -113,12 +119,16 @@ def generate_batched(model: nn.Module, prompts: list[list[int]], *, max_tokens: 
 
 def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: int, *,
                     seed: int, batch: int = 32, max_tokens: int = 96,
-                    keep: Callable[[str], bool] = lambda q: True) -> dict:
+                    keep: Callable[[str], bool] = lambda q: True,
+                    deadline: Deadline | None = None) -> dict:
     """Magpie: the chat template up to the user's turn, and the target writes the question.
 
     Sampled (temperature 1, top-p 0.95, seeded) so the questions differ; a question that
     ``keep`` refuses (an evaluation prompt, an empty or cut-off one) is dropped and another is
     drawn. Appends until ``path`` holds ``count`` questions. Returns counts for the report.
+    Each round's seed depends on (seed, questions kept, rounds since the last kept one), so a
+    resumed run draws what an uninterrupted one would; ``IDLE_ROUNDS`` rounds in a row without
+    a usable question raise :class:`ConfigError` (a model that never ends its question).
     """
     from mlx_lm.sample_utils import make_sampler
 
@@ -126,12 +136,16 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
     stop = set(tokenizer.eos_token_ids) | _end_of_turn(tokenizer)
     done = read_records(path)
     _rewrite(path, done)
-    dropped = rounds = 0
+    dropped = idle = 0
     bar = tqdm(total=count, initial=len(done), desc="questions (Magpie)", unit="q")
-    with path.open("a") as f:
-        while len(done) < count:
-            mx.random.seed(seed + 1000 * len(done) + rounds)
-            rounds += 1
+    with path.open("a") as f, bar:
+        while len(done) < count and not passed(deadline):
+            if idle >= IDLE_ROUNDS:
+                raise ConfigError(f"{tokenizer.name}: no usable question in {idle} rounds (each "
+                                  f"must end its turn within {max_tokens} tokens and not overlap "
+                                  "an evaluation prompt); pass --data prompts")
+            mx.random.seed(seed + 1000 * len(done) + idle)
+            before = len(done)
             want = min(batch * 4, (count - len(done)) * 5 // 4 + 4)
             fresh: list[tuple[list[int], str]] = []
 
@@ -140,7 +154,7 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
 
             generate_batched(model, [prefix] * want, max_tokens=max_tokens, stop=stop, batch=batch,
                              sampler=make_sampler(temp=1.0, top_p=0.95), on_done=on_done,
-                             bar=tqdm(disable=True))
+                             bar=tqdm(disable=True), deadline=deadline)
             for ids, finish in fresh:
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 if finish != "stop" or len(text) < 12 or not keep(text):
@@ -152,35 +166,38 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
                     f.write(json.dumps(rec) + "\n")
                     bar.update(1)
             f.flush()
-    bar.close()
+            idle = 0 if len(done) > before else idle + (not passed(deadline))
     return {"questions": len(done), "dropped": dropped}
 
 
 def write_answers(model: nn.Module, tokenizer: Tokenizer, questions: list[dict], path: Path, *,
-                  batch: int = 32, max_tokens: int = 256) -> dict:
+                  batch: int = 32, max_tokens: int = 256, deadline: Deadline | None = None) -> dict:
     """The target's greedy answer to every question, appended to ``path`` as they finish
-    (resumable: questions already answered there are skipped). Returns throughput figures."""
+    (resumable: questions already answered there are skipped; past ``deadline`` it stops).
+    Returns throughput figures."""
     done = read_records(path)
     _rewrite(path, done)
     have = {r["id"] for r in done}
     todo = [q for q in questions if q["id"] not in have]
     stop = set(tokenizer.eos_token_ids) | _end_of_turn(tokenizer)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(_messages(q))) for q in todo]
+    prompts = [encode_prompt(tokenizer, _messages(q)) for q in todo]
     bar = tqdm(total=len(todo) * max_tokens, desc="answers (batched, tokens ≤)", unit="tok")
     t0 = time.perf_counter()
-    with path.open("a") as f:
+    with path.open("a") as f, bar:
         def on_done(i, ids, finish):
             q = todo[i]
             f.write(json.dumps({"id": q["id"], "prompt": q["prompt"], "ids": prompts[i],
                                 "answer": ids, "finish": finish}) + "\n")
             f.flush()
-            bar.update(max_tokens - len(ids))  # the bar counts the budget; a stop frees the rest
+            # the bar counts the budget; a stop frees the rest (the stop token was counted)
+            bar.update(max(0, max_tokens - len(ids) - (finish == "stop")))
 
         tokens = generate_batched(model, prompts, max_tokens=max_tokens, stop=stop, batch=batch,
-                                  on_done=on_done, bar=bar) if todo else 0
-    bar.close()
+                                  on_done=on_done, bar=bar, deadline=deadline) if todo else 0
     seconds = time.perf_counter() - t0
-    return {"answers": len(done) + len(todo), "new_tokens": tokens, "seconds": round(seconds, 1),
+    have = {r["id"] for r in read_records(path)}
+    return {"answers": len(have), "complete": all(q["id"] in have for q in questions),
+            "new_tokens": tokens, "seconds": round(seconds, 1),
             "tokens_per_s": round(tokens / seconds, 1) if seconds and tokens else None}
 
 

@@ -94,8 +94,9 @@ class ChatSession:
 
     @property
     def methods(self) -> list[str]:
-        """Methods this session can switch to (those needing a draft model only with --draft)."""
-        return list(registry.available(self.spec.draft))
+        """Methods this session can switch to (those needing a draft model only with --draft,
+        those needing a trained head only when one exists for the model)."""
+        return list(registry.available(self.spec.draft, registry.heads_for(self.target, self.spec.head)))
 
     def set_method(self, method: str) -> None:
         if method not in self.methods:

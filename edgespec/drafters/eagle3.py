@@ -1,0 +1,227 @@
+"""EAGLE-3 drafting: an EAGLE-2 dynamic tree grown by a trained EAGLE-3 head.
+
+The head (``heads/eagle3.py``) runs over its own KV cache of *pairs*: the pair at position t is
+(the target's fused features at t, the embedding of token t+1) and predicts token t+2. The
+drafter keeps one pair per committed position but the root (whose features come with the next
+verification), and the last pair's logits and output hidden state, which predict the root's
+children.
+
+``propose``, per depth d = 1, 2, ...: the top-``k`` depth-d nodes by cumulative draft
+log-probability (the frontier) go through the head in one forward (input: the parent's output
+hidden state and the node's token; position root - 1 + d; attention: every committed pair, the
+node's drafted ancestors and itself), each giving its top-``k`` children. The forwards' entries
+are committed to the head's cache for the next depth and trimmed away at the end, so the cache
+holds only true pairs between steps. Then the best nodes over all depths are kept (ancestor-
+closed): ``nodes`` of them, or as many as maximise expected tokens per second on this device's
+verify-cost curve, each node's acceptance probability being its calibrated path probability
+(``confidence.py``); expansion stops once no node of the newest depth makes that cut.
+
+``update`` feeds the pairs of the accepted path (the true features of the root and accepted
+nodes, each with the token that followed it) and learns the calibration from which tried nodes
+were accepted. Children are deterministic top-k proposals (no ``q``): lossless under greedy and
+sampling alike through ``verify.accept``.
+
+With prefix reuse the engine scores only the prompt's tail; the drafter keeps the pairs and
+fused features it had for the shared prefix, and otherwise starts its cache at the first
+position it has features for (drafting from less context, still lossless).
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import SamplingConfig
+from ..targets.cost import CostCurve
+from ..targets.target import Target, TargetOutput
+from ..tree import DraftTree, chain_mask, subtree
+from ..verify import Accepted
+from .base import Drafter
+from .confidence import Calibration, choose
+
+_CHUNK = 512
+MAX_DEPTH = 8
+_EMA = 0.8
+
+
+class Eagle3Drafter(Drafter):
+    name = "eagle3"
+
+    def __init__(self, target: Target, head, curve: CostCurve | None, *, top_k: int = 4,
+                 nodes: int | None = None, max_nodes: int = 32, max_depth: int = MAX_DEPTH):
+        """``head``: an ``Eagle3Head`` (checked against ``target``); ``nodes``: verify exactly
+        that many drafted nodes per step (None: sized by ``curve`` and the calibration)."""
+        assert nodes is not None or curve is not None, "a fixed node count or a cost curve"
+        self.target, self.head, self.curve = target, head, curve
+        self.target_features = tuple(head.config.aux_layers)
+        self.top_k, self.nodes, self.max_depth = top_k, nodes, max_depth
+        self.max_nodes = min(max_nodes, 63)
+        self.calibration = Calibration()
+        self.depth_ms = self.update_ms = 0.0  # measured head costs (moving averages)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.head.make_cache()
+        self.base = 0  # absolute position of the head cache's slot 0
+        self.history: list[int] = []
+        self.feats: list[mx.array] = []  # fused features of positions feat_base.. in chunks
+        self.feat_base = 0
+        self.last: tuple[mx.array, mx.array] | None = None  # last pair's (out, logits) row
+        self._tree: DraftTree | None = None
+        self._confidence: np.ndarray | None = None
+
+    # ---- the committed history --------------------------------------------------------------
+
+    def _fused(self, out: TargetOutput, rows=None) -> mx.array:
+        parts = [out.captured[i] if rows is None else out.captured[i][rows]
+                 for i in self.target_features]
+        return self.head.fuse(mx.concatenate(parts, axis=-1))
+
+    def _features(self, a: int, b: int) -> mx.array | None:
+        """Stored fused features of positions [a, b), or None when not all are held."""
+        held = sum(f.shape[0] for f in self.feats)
+        if a < self.feat_base or b > self.feat_base + held or a > b:
+            return None
+        if a == b:
+            return mx.zeros((0, self.target.args.hidden_size))
+        return mx.concatenate(self.feats)[a - self.feat_base : b - self.feat_base]
+
+    def _feed(self, h: mx.array, tokens: list[int]) -> None:
+        """Commit the pairs (h[i], tokens[i]) at the next positions; keep the last one's output."""
+        for a in range(0, len(tokens), _CHUNK):
+            n = len(tokens[a : a + _CHUNK])
+            first = self.base + self.cache.offset
+            mask = chain_mask(n, np.arange(self.base, first), first, None)
+            _, out = self.head.step(self._embed(tokens[a : a + n]), h[a : a + n], first, mask,
+                                    self.cache)
+            self.cache.commit()
+            mx.eval(self.cache.state())
+        last = out[-1:]
+        self.last = (last, self.head.logits(last))
+
+    def _embed(self, tokens) -> mx.array:
+        return self.target.model.embed(mx.array(tokens, dtype=mx.int32))
+
+    def prefill(self, tokens: list[int], target_out: TargetOutput | None,
+                sampling: SamplingConfig | None = None) -> None:
+        rows = target_out.captured[self.target_features[0]].shape[0] if target_out else 0
+        start = len(tokens) - 1 - rows  # prompt positions the engine did not score (reused)
+        new = self._fused(target_out) if rows else mx.zeros((0, self.target.args.hidden_size))
+        common = 0  # prompt tokens shared with what this drafter saw last
+        for x, y in zip(self.history, tokens[:-1]):
+            if x != y:
+                break
+            common += 1
+        # pair t stays right while token t+1 is shared: pairs [base, keep) are kept
+        keep = min(self.base + self.cache.offset, common - 1)
+        kept = self._features(self.base, keep)
+        h = None
+        if kept is not None and keep >= start:
+            h = new[keep - start :]
+        elif kept is not None and (old := self._features(keep, start)) is not None:
+            h = mx.concatenate([old, new])
+        if h is None:  # nothing reusable: start the head's cache where the features start
+            self.reset()
+            self.base = self.feat_base = keep = start
+            kept, h = new[:0], new
+        self.cache.trim(self.base + self.cache.offset - keep)
+        self.feats, self.feat_base = [kept, h], self.base
+        self.history = list(tokens)
+        self._tree = None
+        if h.shape[0]:
+            self._feed(h, tokens[keep + 1 :])
+        else:
+            self.last = None  # no features yet: nothing to draft from until a verification
+
+    # ---- drafting ---------------------------------------------------------------------------
+
+    def propose(self, budget: int) -> DraftTree:
+        root = self.history[-1]
+        self._tree = None
+        if budget <= 0 or self.last is None:
+            return DraftTree.chain(root, [])
+        t0 = time.perf_counter()
+        n_true = self.cache.offset
+        position = self.base + n_true  # the depth-1 nodes' pair position
+        tokens, parents, conf, logp, depth = [root], [-1], [1.0], [0.0], [0]
+        out_of = {0: self.last[0]}  # node -> its forward's output hidden row (1, H)
+        fed: list[int] = []  # nodes whose entries sit in the cache after the true pairs
+        self._expand([0], self.last[1], tokens, parents, conf, logp, depth)
+        forwards = 0
+        for d in range(1, min(budget, self.max_depth)):
+            level = [u for u in range(len(tokens)) if depth[u] == d]
+            keep, _ = self._cut(parents, conf, forwards)
+            if not any(depth[u] == d for u in keep):
+                break  # the newest depth did not make the cut: deeper nodes would not either
+            frontier = sorted(level, key=lambda u: -logp[u])[: self.top_k]
+            anc = np.array([[self._is_ancestor(parents, v, u) for v in fed] for u in frontier],
+                           dtype=bool).reshape(len(frontier), len(fed))
+            mask = np.concatenate([np.ones((len(frontier), n_true), bool), anc,
+                                   np.eye(len(frontier), dtype=bool)], axis=1)
+            h = mx.concatenate([out_of[parents[u]] for u in frontier])
+            logits, out = self.head.step(self._embed([tokens[u] for u in frontier]), h,
+                                         np.full(len(frontier), position + d - 1), mask, self.cache)
+            self.cache.commit()
+            forwards += 1
+            fed.extend(frontier)
+            for i, u in enumerate(frontier):
+                out_of[u] = out[i : i + 1]
+            self._expand(frontier, logits, tokens, parents, conf, logp, depth)
+        self.cache.trim(len(fed))
+        keep, _ = self._cut(parents, conf, forwards)
+        tree = subtree(tokens, parents, keep)
+        self._tree = tree
+        self._confidence = np.array([1.0] + [conf[u] for u in sorted(keep)])
+        if forwards:
+            ms = (time.perf_counter() - t0) * 1e3 / forwards
+            self.depth_ms = ms if not self.depth_ms else _EMA * self.depth_ms + (1 - _EMA) * ms
+        return tree
+
+    def _expand(self, nodes: list[int], logits: mx.array, tokens, parents, conf, logp,
+                depth) -> None:
+        """Add each node's top-k children (target ids, probabilities under the head); row i of
+        ``logits`` (len(nodes), Vd) is node ``nodes[i]``'s. One evaluation for all rows."""
+        p = mx.softmax(logits.astype(mx.float32), axis=-1)
+        top = mx.argpartition(-p, self.top_k - 1, axis=-1)[:, : self.top_k]
+        probs, top = mx.take_along_axis(p, top, axis=-1), top
+        mx.eval(probs, top)
+        probs, ids = np.array(probs), self.head.to_target_ids(np.array(top))
+        for r, u in enumerate(nodes):
+            for i in np.argsort(-probs[r], kind="stable"):
+                tokens.append(int(ids[r, i]))
+                parents.append(u)
+                conf.append(float(probs[r, i]))
+                logp.append(logp[u] + float(np.log(max(probs[r, i], 1e-30))))
+                depth.append(depth[u] + 1)
+
+    @staticmethod
+    def _is_ancestor(parents: list[int], v: int, u: int) -> bool:
+        u = parents[u]
+        while u > 0:
+            if u == v:
+                return True
+            u = parents[u]
+        return False
+
+    def _cut(self, parents, conf, forwards: int):
+        draft_ms = self.update_ms + self.depth_ms * max(forwards, 1)
+        return choose(parents, np.array(conf), self.calibration, self.curve, draft_ms,
+                      self.nodes, self.max_nodes)
+
+    # ---- learning the outcome ---------------------------------------------------------------
+
+    def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
+        t0 = time.perf_counter()
+        path = accepted.path
+        if tree is self._tree and tree.num_drafted:
+            self.calibration.observe_tree(tree, self._confidence, path)
+        self._tree = None
+        h = self._fused(target_out, mx.array(path))
+        self.feats.append(h)
+        self._feed(h, accepted.tokens)
+        self.history.extend(accepted.tokens)
+        mx.eval(self.last)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms

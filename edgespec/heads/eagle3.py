@@ -1,0 +1,244 @@
+"""The EAGLE-3 head: one decoder layer over (the target's fused features, the next token's
+embedding), predicting the target's token after next over a reduced draft vocabulary.
+
+Shapes: H the target's hidden size, A = len(aux_layers), V the target's vocabulary, Vd the draft
+vocabulary. The math (the EAGLE-3 reference convention, as vLLM and SpecForge run it):
+
+    h   = fc(features)                                  (N, A*H) -> (N, H)   (step 0 only)
+    x   = cat(input_layernorm(emb), hidden_norm(h))     (N, 2H)
+    r   = h + o_proj(attention(q/k/v_proj(x)))          q/k/v: 2H -> the target's head geometry
+    out = r + mlp(post_attention_layernorm(r))          (N, H): fed back as the next depth's h
+    logits = lm_head(norm(out))                         (N, Vd); target id = d + d2t[d]
+
+**Positions.** The pair at position t is (h_t, emb(x_{t+1})) and predicts x_{t+2}; its RoPE
+position is t. A depth-j node at position p takes its parent's ``out`` as h and the embedding of
+its parent's drafted token; it sees the true (step-0) entries at positions <= p-j and its drafted
+ancestors. ``step`` runs any such set of rows against the head's own :class:`KVCache` (the
+caller commits each depth and trims the drafts afterwards); ``unroll`` is the training-time test:
+the same rows for whole training sequences, all depths, in one differentiable pass per depth.
+A test checks that the two give the same row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..cache import KVCache
+from ..kernels.activations import silu
+from ..kernels.attention import attend, prepare
+from ..targets.parts import Attention, GatedMLP, Rope
+from .config import HeadConfig
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer; weight names are the published checkpoints' (``formats.py``)."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        H, hd = c.hidden_size, c.head_dim
+        rope = Rope.from_config(hd, c.rope_theta, c.rope_scaling)
+        self.self_attn = Attention(2 * H, c.num_attention_heads, c.num_key_value_heads, hd, rope,
+                                   hd**-0.5)
+        self.self_attn.o_proj = nn.Linear(c.num_attention_heads * hd, H, bias=False)
+        self.mlp = GatedMLP(H, c.intermediate_size, silu)
+        self.input_layernorm = nn.RMSNorm(H, eps=c.rms_norm_eps)
+        self.hidden_norm = nn.RMSNorm(H, eps=c.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(H, eps=c.rms_norm_eps)
+
+    def qkv(self, emb: mx.array, h: mx.array, positions) -> tuple[mx.array, mx.array, mx.array]:
+        """q (B, Hq, N, D), k and v (B, Hkv, N, D) of rows (B, N, H), RoPE applied at
+        ``positions`` (an int32 scalar: a chain starting there, or one per row)."""
+        a = self.self_attn
+        x = mx.concatenate([self.input_layernorm(emb), self.hidden_norm(h)], axis=-1)
+        B, N, _ = x.shape
+        q = a.q_proj(x).reshape(B, N, a.h, a.d).transpose(0, 2, 1, 3)
+        k = a.k_proj(x).reshape(B, N, a.kv, a.d).transpose(0, 2, 1, 3)
+        v = a.v_proj(x).reshape(B, N, a.kv, a.d).transpose(0, 2, 1, 3)
+        return a.rope(q, positions), a.rope(k, positions), v
+
+    def finish(self, h: mx.array, attn: mx.array) -> mx.array:
+        """The rest of the layer after attention (B, Hq, N, D): o_proj, residual on h, MLP."""
+        B, _, N, _ = attn.shape
+        r = h + self.self_attn.o_proj(attn.transpose(0, 2, 1, 3).reshape(B, N, -1))
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        c = config
+        self.config = c
+        self.fc = nn.Linear(c.num_features * c.hidden_size, c.hidden_size, bias=False)
+        self.layer = Eagle3Layer(c)
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.set_draft_vocab(np.arange(c.draft_vocab_size))
+
+    # -- the draft vocabulary (underscored: not parameters, so never trained or saved as such)
+
+    def set_draft_vocab(self, target_ids) -> None:
+        """Draft id i stands for target id ``target_ids[i]`` (Vd distinct ids)."""
+        ids = np.asarray(target_ids, dtype=np.int64)
+        c = self.config
+        if ids.shape != (c.draft_vocab_size,) or len(np.unique(ids)) != len(ids) or (
+                ids.min() < 0 or ids.max() >= c.vocab_size):
+            raise ValueError(f"need {c.draft_vocab_size} distinct target ids in [0, {c.vocab_size})")
+        index = np.full(c.vocab_size, -1, dtype=np.int32)
+        index[ids] = np.arange(len(ids))
+        self._ids = mx.array(ids.astype(np.int32))
+        self._index = mx.array(index)
+
+    @property
+    def d2t(self) -> mx.array:
+        """(Vd,) offsets, SpecForge/vLLM convention: target id = draft id + d2t[draft id]."""
+        return self._ids - mx.arange(self.config.draft_vocab_size, dtype=mx.int32)
+
+    @property
+    def t2d(self) -> mx.array:
+        """(V,) bool: which target ids the draft vocabulary has."""
+        return self._index >= 0
+
+    def to_target_ids(self, draft_ids):
+        """Target ids of draft ids (mx or numpy, any shape)."""
+        if isinstance(draft_ids, mx.array):
+            return self._ids[draft_ids]
+        return np.array(self._ids)[np.asarray(draft_ids)]
+
+    def to_draft_ids(self, target_ids: mx.array) -> mx.array:
+        """Draft ids of target ids, -1 for those outside the draft vocabulary."""
+        return self._index[target_ids]
+
+    def draft_logits_to_target(self, logits: mx.array) -> mx.array:
+        """(N, Vd) draft logits -> (N, V), -inf at target ids outside the draft vocabulary."""
+        out = mx.full((logits.shape[0], self.config.vocab_size), -math.inf, dtype=logits.dtype)
+        out[:, self._ids] = logits
+        return out
+
+    # -- drafting
+
+    def make_cache(self) -> KVCache:
+        """A cache for the head's one layer (slot 0)."""
+        return KVCache(1)
+
+    def fuse(self, features: mx.array) -> mx.array:
+        """(..., A*H) target features -> (..., H)."""
+        return self.fc(features)
+
+    def logits(self, out: mx.array) -> mx.array:
+        return self.lm_head(self.norm(out))
+
+    def step(self, emb: mx.array, h: mx.array, positions, mask, cache: KVCache,
+             layer_slot: int = 0) -> tuple[mx.array, mx.array]:
+        """Run N rows (emb (N, H), h (N, H)) against ``cache``: their keys/values go to the
+        scratch slots of ``layer_slot`` after the committed ones (nothing is committed).
+
+        ``positions``: int (a chain starting there) or (N,) ints; ``mask``: (N, committed + N)
+        bool or additive, or None (every row sees everything). Returns (logits (N, Vd), out
+        (N, H)): ``out`` is the pre-norm hidden state a child row takes as its h.
+        """
+        cache.reserve(emb.shape[0])
+        positions, mask = prepare(positions, mask)
+        q, k, v = self.layer.qkv(emb[None], h[None], positions)
+        k, v = cache.write(layer_slot, k, v)
+        out = self.layer.finish(h[None], attend(q, k, v, self.layer.self_attn.scale, mask))[0]
+        return self.logits(out), out
+
+    # -- training
+
+    def unroll(self, features: mx.array, emb_next: mx.array, depth: int) -> list[mx.array]:
+        """The training-time test over whole sequences: logits (B, T, Vd) for depths 0..depth-1.
+
+        ``features`` (B, T, A*H): the target's features at positions 0..T-1; ``emb_next``
+        (B, T, H): row p = emb(x_{p+1}). Depth j's row p (meaningful for p >= j) is the draft
+        row at position p, depth j: h = depth j-1's out at p-1, emb(x_{p+1}); it attends to the
+        depth-0 keys at positions <= p-j and to depth i's key at position p-j+i, i = 1..j.
+        Differentiable; one pass per depth.
+        """
+        a = self.layer.self_attn
+        B, T, _ = emb_next.shape
+        h = self.fuse(features)
+        keys, values, out_logits = [], [], []
+        for j in range(depth):
+            if j:  # row p takes depth j-1's output at p-1
+                h = mx.concatenate([mx.zeros_like(h[:, :1]), h[:, :-1]], axis=1)
+            q, k, v = self.layer.qkv(emb_next, h, mx.array(0, dtype=mx.int32))
+            keys.append(k)
+            values.append(v)
+            attn = _ttt_attention(q, keys, values, a.scale)
+            h = self.layer.finish(h, attn)
+            out_logits.append(self.logits(h))
+        return out_logits
+
+
+def _shift(x: mx.array, s: int) -> mx.array:
+    """Rows moved s places later along axis 2 (zeros in front): row p holds x's row p-s."""
+    if s == 0:
+        return x
+    pad = mx.zeros(x.shape[:2] + (s,) + x.shape[3:], dtype=x.dtype)
+    return mx.concatenate([pad, x[:, :, :-s]], axis=2)
+
+
+def _ttt_attention(q: mx.array, keys: list[mx.array], values: list[mx.array],
+                   scale: float) -> mx.array:
+    """Depth j = len(keys)-1: query p sees depth-0 keys at positions <= p-j and depth i's key at
+    position p-j+i. q (B, Hq, T, D); keys/values[i] (B, Hkv, T, D). Returns (B, Hq, T, D)."""
+    j = len(keys) - 1
+    B, Hq, T, D = q.shape
+    kv = keys[0].shape[1]
+    qg = (q * scale).reshape(B, kv, Hq // kv, T, D)
+    scores = [qg @ keys[0][:, :, None].swapaxes(-1, -2)]  # (B, kv, rep, T, T)
+    p = np.arange(T)
+    visible = p[None, :] <= p[:, None] - j
+    masks = [np.where(visible, 0.0, -np.inf)]
+    for i in range(1, j + 1):
+        ks = _shift(keys[i], j - i)[:, :, None]  # row p: depth i's key at p-j+i
+        scores.append((qg * ks).sum(axis=-1, keepdims=True))
+        masks.append(np.where(p >= j - i, 0.0, -np.inf)[:, None])
+    mask = mx.array(np.concatenate(masks, axis=1).astype(np.float32))
+    w = mx.softmax(mx.concatenate(scores, axis=-1) + mask, axis=-1)
+    out = w[..., :T] @ values[0][:, :, None]
+    for i in range(1, j + 1):
+        out = out + w[..., T + i - 1 : T + i] * _shift(values[i], j - i)[:, :, None]
+    return out.reshape(B, Hq, T, D)
+
+
+def depth_mask(n_context: int, ancestors: np.ndarray) -> np.ndarray:
+    """The mask of one drafting depth: N query rows against the head's cache holding
+    ``n_context`` true entries then the drafted ones, then the N rows themselves.
+
+    ``ancestors`` (N, n_drafted) bool: which drafted entries each row descends from. Every row
+    sees all true entries, its ancestors and itself. Returns (N, n_context + n_drafted + N).
+    """
+    n = ancestors.shape[0]
+    return np.concatenate([np.ones((n, n_context), dtype=bool), ancestors.astype(bool),
+                           np.eye(n, dtype=bool)], axis=1)
+
+
+def eagle3_loss(head: Eagle3Head, batch: dict, depth: int = 7,
+                decay: float = 0.8) -> tuple[mx.array, list[mx.array]]:
+    """The training loss: sum over depths j of decay**j x the mean cross-entropy of depth j's
+    rows, and per depth the top-1 agreement with the target (a label outside the draft
+    vocabulary counts as a miss there and is left out of the loss).
+
+    ``batch``: ``features`` (B, T, A*H), ``emb_next`` (B, T, H) (row p = emb(x_{p+1})),
+    ``labels`` (B, T) target ids (row p: the target's argmax at position p+1), ``mask`` (B, T)
+    (rows that train). Depth j uses rows p >= j of the mask.
+    """
+    logits = head.unroll(batch["features"], batch["emb_next"], depth)
+    labels = batch["labels"]
+    draft = head.to_draft_ids(labels)
+    rows = batch["mask"].astype(mx.float32)
+    T = labels.shape[1]
+    loss, top1 = mx.array(0.0), []
+    for j, lg in enumerate(logits):
+        valid = rows * (mx.arange(T) >= j)
+        trains = valid * (draft >= 0)
+        ce = nn.losses.cross_entropy(lg, mx.maximum(draft, 0), reduction="none")
+        loss = loss + decay**j * (ce * trains).sum() / mx.maximum(trains.sum(), 1.0)
+        hit = head.to_target_ids(mx.stop_gradient(lg).argmax(axis=-1)) == labels
+        top1.append((hit * valid).sum() / mx.maximum(valid.sum(), 1.0))
+    return loss, top1

@@ -1,0 +1,48 @@
+"""Finding a trained head for a target: ``find_head(target, kind)``.
+
+Where it looks, in order: each entry of ``$EDGESPEC_HEADS`` (``os.pathsep``-separated; an entry
+is a head directory, or a folder holding ``<kind>/`` or ``*/<kind>/`` head directories), then
+the repository's top-level ``models/*/<kind>/`` (heads shipped for the demo model). A candidate
+matches when its config.json's ``edgespec`` section has this kind and the target's fingerprint;
+only config files are read. Returns the first match, or None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .config import fingerprint
+
+REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def find_head(target, kind: str) -> Path | None:
+    """The directory of a ``kind`` head trained for ``target``, or None."""
+    want = fingerprint(target)
+    for candidate in _candidates(kind):
+        ours = _section(candidate)
+        if ours.get("kind") == kind and ours.get("target_fingerprint") == want:
+            return candidate
+    return None
+
+
+def _candidates(kind: str) -> Iterator[Path]:
+    roots = [Path(p) for p in os.environ.get("EDGESPEC_HEADS", "").split(os.pathsep) if p]
+    for root in [*roots, REPO_MODELS]:
+        if (root / "config.json").is_file():
+            yield root
+        for sub in (root / kind, *sorted(root.glob(f"*/{kind}"))):
+            if (sub / "config.json").is_file():
+                yield sub
+
+
+def _section(head_dir: Path) -> dict:
+    try:
+        cfg = json.loads((head_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}  # unreadable candidates are skipped: load_head names the problem if one is used
+    ours = cfg.get("edgespec") if isinstance(cfg, dict) else None
+    return ours if isinstance(ours, dict) else {}

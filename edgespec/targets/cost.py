@@ -1,0 +1,165 @@
+"""This device's verify-cost curve, and the tree budget it pays to verify.
+
+Contract: ``verify_cost_curve(target)`` is the time (ms) one target forward takes to score N
+tree nodes (N = 1..64) after a 128-token context, measured at a few sizes and interpolated. It
+is measured once per (model shape, dtype, device, BLAS) and cached as json under
+``<cache>/cost/`` (``$EDGESPEC_CACHE``, else ``~/.cache/edgespec``), and memoized in the
+process. The key covers what decides the cost — the config's shapes, the dtype and
+quantization, the device and the CPU model, the BLAS serving MLX — and not the weights'
+values: two fine-tunes of one architecture cost the same.
+
+``best_budget(path_probs, curve, draft_ms)`` picks how many drafted nodes to verify: with
+nodes sorted by their (calibrated) probability of being accepted, the best N-node tree is the
+first N, its expected committed tokens are 1 + the sum of their probabilities, and N is the one
+maximising that over (draft ms + verify ms(N + 1)) (Sequoia's idea: the tree is sized by this
+device's costs, not by constants tuned on a datacenter GPU). On a CPU the curve rises steeply
+(an 8-node forward costs about 2.2x a 1-node one on the demo model), so trees stay small.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..loading.hub import cache_dir
+from ..tree import DraftTree
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # nodes scored per measured forward
+CONTEXT = 128
+MAX_NODES = 64
+_memo: dict[str, CostCurve] = {}
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Measured ms per forward over ``sizes[i]`` nodes; ``ms(n)`` interpolates between them."""
+
+    sizes: tuple[int, ...]
+    times: tuple[float, ...]  # ms, one per size
+    key: str = ""
+
+    def ms(self, n: int) -> float:
+        """ms to score ``n`` nodes (linear between measured sizes, extended past the last two)."""
+        xs, ys = self.sizes, self.times
+        if n <= xs[0] or len(xs) == 1:
+            return ys[0]
+        if n >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + slope * (n - xs[-1])
+        return float(np.interp(n, xs, ys))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> CostCurve:
+        d = json.loads(text)
+        return cls(tuple(d["sizes"]), tuple(d["times"]), d.get("key", ""))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many drafted nodes to verify, and the tokens per ms that choice is expected to give."""
+
+    nodes: int
+    rate: float  # expected committed tokens per ms
+    expected: float  # expected committed tokens (1 + the chosen nodes' probabilities)
+
+
+def best_budget(path_probs, curve: CostCurve, draft_ms: float = 0.0,
+                limit: int = MAX_NODES - 1) -> Budget:
+    """The number of nodes (the first ones of ``path_probs``, sorted in decreasing order, each a
+    node's calibrated probability of being accepted) maximising expected committed tokens per ms:
+    (1 + sum of the first N) / (draft_ms + curve.ms(N + 1)); N = 0 (plain decoding) included."""
+    p = np.asarray(path_probs, dtype=np.float64)[:limit]
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
+    cost = draft_ms + np.array([curve.ms(n + 1) for n in range(len(p) + 1)])
+    rate = expected / cost
+    n = int(np.argmax(rate))
+    return Budget(n, float(rate[n]), float(expected[n]))
+
+
+def curve_key(target) -> str:
+    """What the cost depends on: shapes, dtype, quantization, device, CPU model, BLAS."""
+    from ..loading._blas import blas_info
+
+    args = {k: v for k, v in vars(target.args).items() if isinstance(v, (int, float, str, bool))}
+    parts = {"args": args, "dtype": target.dtype, "quantized": target.quantized,
+             "device": str(mx.default_device()), "cpu": _cpu_name(), "blas": blas_info().name}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CONTEXT,
+                       repeats: int = 3) -> CostCurve:
+    """Median ms of scoring a tree of each size after ``context`` cached tokens (one warm-up
+    run per size: compiled functions are built per input shape)."""
+    cache = target.make_cache()
+    vocab = target.args.vocab_size
+    ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(context + max(sizes))]
+    target.score(ids[:context], cache, head=False)
+    cache.commit()
+    mx.eval(cache.state())
+    times = []
+    for n in sizes:
+        tree = DraftTree(ids[context : context + n], [-1] + [(i - 1) // 2 for i in range(1, n)])
+        runs = []
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            out = target.score(tree, cache)
+            mx.eval(out.logits)
+            runs.append((time.perf_counter() - t) * 1e3)
+        times.append(statistics.median(runs[1:]))
+    return CostCurve(tuple(sizes), tuple(times))
+
+
+def verify_cost_curve(target, measure=measure_cost_curve) -> CostCurve:
+    """This device's curve for ``target``: memoized, else read from the cache, else measured
+    (``measure(target)``) and written there."""
+    key = curve_key(target)
+    if key in _memo:
+        return _memo[key]
+    path = cache_dir() / "cost" / f"{key}.json"
+    curve = None
+    if path.exists():
+        try:
+            curve = CostCurve.from_json(path.read_text())
+        except (ValueError, KeyError, TypeError):
+            curve = None  # a damaged file is measured again
+    if curve is None:
+        curve = CostCurve(*_fields(measure(target)), key=key)
+        _write(path, curve.to_json())
+    _memo[key] = curve
+    return curve
+
+
+def _fields(curve: CostCurve) -> tuple:
+    return curve.sizes, curve.times
+
+
+def _write(path: Path, text: str) -> None:
+    """Write atomically (two processes measuring at once leave one whole file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,100 @@
+"""What each head kind trains on: windows of the feature store -> a batch -> the heads' own loss.
+
+Contract: an objective has ``module`` (the parameters that train), ``names`` (one per metric the
+loss returns: per-depth or per-head top-1 agreement with the target), ``batch(windows)`` (the
+padded mx arrays of those windows) and ``loss(module, batch) -> (loss, metrics)``, which is the
+heads package's own loss (``eagle3_loss``, ``medusa_loss``). A window is ``(sequence, a, b)``:
+rows ``a..b-1`` of that sequence, ``row`` meaning a position whose prediction trains.
+
+Row conventions (``heads.md``):
+- EAGLE-3 row p: features at p, ``emb(x_{p+1})``, label = the target's argmax at p+1, trains when
+  the store's mask is set at p+1. Rows run 0 .. T-2 (the last position has no next token).
+- Medusa row t: ``norm(hidden_t)``; head i's label is the argmax at t+1+i; rows start where the
+  first label is (the rows are independent, so the prompt's add nothing). The loss reads the
+  argmax of the rows after the window, so a batch carries K rows past ``b`` (not trained); a row
+  trains when every head's label is in the sequence and labelled (mask at t+1 and at t+K): the
+  last K-1 rows of an answer are left out for the nearer heads, a price of ~K/250 of the rows for
+  one row mask per position.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..heads.eagle3 import Eagle3Head, eagle3_loss
+from ..heads.medusa import MedusaHeads, medusa_loss, target_lm_head
+from .features import FeatureStore
+
+
+def _pad(rows: list[np.ndarray], fill=0) -> np.ndarray:
+    T = max(len(r) for r in rows)
+    out = np.full((len(rows), T) + rows[0].shape[1:], fill, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+class Eagle3Objective:
+    def __init__(self, head: Eagle3Head, target, store: FeatureStore, depth: int):
+        self.module, self.store, self.depth = head, store, depth
+        self.embed = target.model.embed
+        self.names = [f"d{j}" for j in range(depth)]
+
+    def rows(self, mask: np.ndarray) -> tuple[int, int]:
+        """The rows a sequence (its store mask) contributes: every position with a next token
+        (the prompt's rows train nothing but are the attention's context)."""
+        return 0, len(mask) - 1
+
+    def batch(self, windows: list[tuple[int, int, int]]) -> dict:
+        st = self.store
+        feats, nxt, labels, mask = [], [], [], []
+        for s, a, b in windows:
+            r = st.rows(s).start
+            feats.append(np.asarray(st.aux[r + a : r + b]))
+            nxt.append(np.asarray(st.ids[r + a + 1 : r + b + 1]))
+            labels.append(np.asarray(st.labels[r + a + 1 : r + b + 1]))
+            mask.append(np.asarray(st.mask[r + a + 1 : r + b + 1]))
+        labels = np.maximum(_pad(labels), 0)
+        return {"features": mx.array(_pad(feats)).astype(mx.float32),
+                "emb_next": self.embed(mx.array(_pad(nxt))).astype(mx.float32),
+                "labels": mx.array(labels), "mask": mx.array(_pad(mask))}
+
+    def loss(self, module, batch):
+        return eagle3_loss(module, batch, self.depth)
+
+
+class MedusaObjective:
+    def __init__(self, heads: MedusaHeads, target, store: FeatureStore):
+        self.module, self.store = heads, store
+        self.K = heads.config.num_heads
+        self.norm = target.model.model.norm
+        self.target_head = None if heads.config.own_lm_head else target_lm_head(target)
+        self.names = [f"h{i}" for i in range(self.K)]
+
+    def rows(self, mask: np.ndarray) -> tuple[int, int]:
+        """From the first row that trains (rows are independent: no context needed)."""
+        first = int(np.argmax(mask > 0))  # P-1: the first labelled position; row P-2 predicts it
+        return max(first - 1, 0), len(mask) - 1
+
+    def batch(self, windows: list[tuple[int, int, int]]) -> dict:
+        st, K = self.store, self.K
+        hidden, argmax, mask = [], [], []
+        for s, a, b in windows:
+            rs = st.rows(s)
+            r, T = rs.start, rs.stop - rs.start
+            end = min(b + K, T)  # K rows past the window: the labels of its last rows
+            hidden.append(np.asarray(st.hidden[r + a : r + end]))
+            argmax.append(np.asarray(st.labels[r + a : r + end]))
+            m = np.asarray(st.mask[r:r + T])
+            t = np.arange(a, b)
+            ok = (t + K < T) & (m[np.minimum(t + 1, T - 1)] > 0) & (m[np.minimum(t + K, T - 1)] > 0)
+            row = np.zeros(end - a, dtype=np.uint8)
+            row[: b - a] = ok
+            mask.append(row)
+        h = mx.array(_pad(hidden)).astype(mx.float32)
+        return {"hidden": self.norm(h), "argmax": mx.array(np.maximum(_pad(argmax), 0)),
+                "mask": mx.array(_pad(mask))}
+
+    def loss(self, module, batch):
+        return medusa_loss(module, batch, self.target_head)

@@ -1,0 +1,160 @@
+"""EAGLE-3 drafting on tiny random models: greedy output equals plain decoding with a random head
+(prompts, node budgets, a prompt longer than a prefill chunk, prefix reuse across calls with the
+same and with a fresh drafter), an oracle head gets everything accepted, the engine hands the
+aux layers' features to the drafter, the cost-curve sizing runs. Sampling: test_lossless.py."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec import Engine
+from edgespec.drafters.eagle3 import Eagle3Drafter
+from edgespec.heads import Eagle3Head, HeadConfig
+from edgespec.targets.cost import CostCurve
+
+from .tiny import KINDS
+
+TARGET_KINDS = tuple(KINDS)
+PROMPTS = ["the cat sat on the mat and then", "hello there, hello there, hello",
+           [{"role": "user", "content": "tell me about the cat"}]]
+FLAT = CostCurve((1, 64), (10.0, 10.0))  # verifying is free beyond the first node: big trees
+
+
+def random_head(target, seed: int = 0, **kw) -> Eagle3Head:
+    mx.random.seed(seed)
+    head = Eagle3Head(HeadConfig.for_target(target, "eagle3", **kw))
+    mx.eval(head.parameters())
+    return head
+
+
+class OracleHead(Eagle3Head):
+    """Knows the target's greedy continuation ``seq``: the row at pair position p predicts
+    seq[p + 2], as a perfectly trained head would. Its output hidden state carries p (column 0),
+    so ``logits`` of any row it produced knows what to predict."""
+
+    def __init__(self, target, seq: list[int]):
+        super().__init__(HeadConfig.for_target(target, "eagle3"))
+        self.seq = seq
+
+    def step(self, emb, h, positions, mask, cache, layer_slot: int = 0):
+        n = emb.shape[0]
+        cache.reserve(n)  # the real head writes its keys; the drafter's bookkeeping is the same
+        pos = np.arange(positions, positions + n) if np.isscalar(positions) else np.asarray(positions)
+        out = mx.zeros((n, emb.shape[1])) + mx.array(pos, dtype=mx.float32)[:, None]
+        return self.logits(out), out
+
+    def logits(self, out):
+        pos = np.array(out[:, 0]).astype(int)
+        want = [self.seq[p + 2] if p + 2 < len(self.seq) else 0 for p in pos]
+        rows = np.zeros((len(pos), self.config.draft_vocab_size), dtype=np.float32)
+        rows[np.arange(len(pos)), want] = 30.0
+        return mx.array(rows)
+
+
+@pytest.mark.parametrize("nodes", [1, 3, 10])
+def test_random_head_keeps_greedy_output(target, nodes):
+    head = random_head(target)
+    for prompt in PROMPTS:
+        plain = Engine(target).generate(prompt, max_tokens=20)
+        res = Engine(target, Eagle3Drafter(target, head, None, nodes=nodes)).generate(prompt, max_tokens=20)
+        assert res.token_ids == plain.token_ids
+        assert res.stats.proposed > 0
+
+
+def test_reduced_draft_vocabulary_keeps_greedy_output(target):
+    head = random_head(target, draft_vocab_size=64)
+    head.set_draft_vocab(np.arange(100, 164))
+    plain = Engine(target).generate(PROMPTS[0], max_tokens=16)
+    res = Engine(target, Eagle3Drafter(target, head, None, nodes=6)).generate(PROMPTS[0], max_tokens=16)
+    assert res.token_ids == plain.token_ids
+    assert all(100 <= t < 164 for s in res.steps for t in s.token_ids[: s.accepted])
+
+
+def test_oracle_head_gets_every_draft_accepted(target):
+    prompt = PROMPTS[0]
+    ids = Engine(target).encode(prompt)
+    plain = Engine(target).generate(ids, max_tokens=30)
+    head = OracleHead(target, ids + plain.token_ids)
+    for nodes in (1, 4):
+        res = Engine(target, Eagle3Drafter(target, head, None, nodes=nodes)).generate(ids, max_tokens=30)
+        assert res.token_ids == plain.token_ids
+        assert res.stats.accepted == res.stats.proposed - sum(
+            s.proposed - s.accepted for s in res.steps)  # bookkeeping
+        # every step but the last verifies a chain of `nodes` right guesses
+        assert all(s.accepted == nodes == s.proposed for s in res.steps[:-1])
+        assert res.stats.target_forwards == -(-30 // (nodes + 1))
+
+
+def test_oracle_head_sized_by_a_flat_cost_curve_drafts_deep(target):
+    ids = Engine(target).encode(PROMPTS[1])
+    plain = Engine(target).generate(ids, max_tokens=30)
+    drafter = Eagle3Drafter(target, OracleHead(target, ids + plain.token_ids), FLAT, max_nodes=16)
+    res = Engine(target, drafter).generate(ids, max_tokens=30)
+    assert res.token_ids == plain.token_ids
+    assert res.steps[0].accepted == drafter.max_depth  # a sure chain pays to its full depth
+    assert res.stats.target_forwards <= 5
+
+
+def test_prompt_longer_than_a_prefill_chunk(target):
+    prompt = " ".join(f"word{i % 37}" for i in range(300))  # > 512 tokens
+    ids = Engine(target).encode(prompt)
+    assert len(ids) > 600
+    plain = Engine(target).generate(ids, max_tokens=12)
+    oracle = OracleHead(target, ids + plain.token_ids)
+    for head in (random_head(target), oracle):
+        res = Engine(target, Eagle3Drafter(target, head, None, nodes=3)).generate(ids, max_tokens=12)
+        assert res.token_ids == plain.token_ids
+    assert res.stats.acceptance_rate == 1.0  # the oracle: the head saw every prompt pair
+
+
+def test_prefix_reuse_across_calls_same_and_fresh_drafter(target):
+    first = Engine(target).encode(PROMPTS[0])
+    answer = Engine(target).generate(first, max_tokens=10).token_ids
+    second = first + answer + Engine(target).encode(" and the dog")
+    want = Engine(target).generate(second, max_tokens=16).token_ids
+    full = second + want
+    head = random_head(target)
+    engine = Engine(target, Eagle3Drafter(target, head, None, nodes=4))
+    assert engine.generate(first, max_tokens=10).token_ids == answer
+    res = engine.generate(second, max_tokens=16)  # the same drafter: its cache is kept
+    assert res.token_ids == want and res.stats.cached_tokens > 0
+    engine.drafter = Eagle3Drafter(target, OracleHead(target, full), None, nodes=4)  # a fresh one
+    res = engine.generate(second, max_tokens=16)
+    assert res.token_ids == want and res.stats.cached_tokens == len(second) - 1
+    assert res.stats.acceptance_rate == 1.0  # it drafts from its first verification on
+
+
+def test_engine_hands_the_aux_features_to_the_drafter(target):
+    seen = {}
+
+    class Spy(Eagle3Drafter):
+        def prefill(self, tokens, target_out, sampling=None):
+            seen["prefill"] = {i: target_out.captured[i].shape for i in self.target_features}
+            super().prefill(tokens, target_out, sampling)
+
+        def update(self, accepted, tree, target_out):
+            seen.setdefault("update", set()).add(
+                all(target_out.captured[i].shape[0] == len(tree) for i in self.target_features))
+            super().update(accepted, tree, target_out)
+
+    ids = Engine(target).encode(PROMPTS[0])
+    drafter = Spy(target, random_head(target), None, nodes=3)
+    Engine(target, drafter).generate(ids, max_tokens=6)
+    H = target.args.hidden_size
+    assert seen["prefill"] == {i: (len(ids) - 1, H) for i in drafter.target_features}
+    assert seen["update"] == {True}
+
+
+def test_plain_decoding_captures_nothing(target, monkeypatch):
+    calls = []
+    real = type(target).score
+
+    def spy(self, tokens, cache, **kw):
+        calls.append(kw.get("capture", ()))
+        return real(self, tokens, cache, **kw)
+
+    monkeypatch.setattr(type(target), "score", spy)
+    Engine(target).generate(PROMPTS[0], max_tokens=4)
+    assert calls and all(tuple(c) == () for c in calls)
