@@ -211,3 +211,29 @@ def test_process_without_module_decodes_with_one_warning(tmp_path, tiny_models):
     off = subprocess.run([sys.executable, "-c", code], env=env_off, capture_output=True, text=True, cwd=ROOT)
     assert off.returncode == 0 and "NativeKernelWarning" not in off.stderr, off.stderr
     assert missing.stdout == off.stdout and missing.stdout.strip().startswith("[")
+
+
+def test_concurrent_callers(mod):
+    """Two Python threads (each evaluating on its own) get correct products at once: the
+    helpers serve one caller, the other runs its chunks alone."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    w = mx.array(rng.standard_normal((3001, 257), dtype=np.float32))
+    xs = [mx.array(rng.standard_normal((m, 257), dtype=np.float32)) for m in (3, 9)]
+    want = [np.array(x) @ np.array(w).T for x in xs]
+    errors = []
+
+    def worker(i):
+        with mx.stream(mx.new_stream(mx.cpu)):
+            for _ in range(30):
+                got = np.array(small_matmul_native(xs[i], w))
+                if not np.allclose(got, want[i], rtol=1e-4, atol=1e-3):
+                    errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

@@ -63,8 +63,11 @@ int64_t Pool::work(uint32_t gen) {
 
 void Pool::run(Job job, void* ctx, int64_t chunks) {
   if (chunks <= 0) return;
-  if (threads_ == 1 || chunks == 1 || chunks > kMaxChunks || getpid() != pid_) {
-    for (int64_t c = 0; c < chunks; ++c) job(ctx, c);  // (a forked child has no helpers)
+  // Alone: one thread, one chunk, too many chunks for the claim word, a forked child (it
+  // has no helpers), or another caller holding the helpers.
+  if (threads_ == 1 || chunks == 1 || chunks > kMaxChunks || getpid() != pid_ ||
+      busy_.exchange(true, std::memory_order_acquire)) {
+    for (int64_t c = 0; c < chunks; ++c) job(ctx, c);
     return;
   }
   const uint32_t gen = ++generation_;
@@ -85,6 +88,7 @@ void Pool::run(Job job, void* ctx, int64_t chunks) {
       std::this_thread::yield();  // a helper was descheduled mid-chunk (a busy machine)
     }
   }
+  busy_.store(false, std::memory_order_release);
 }
 
 void Pool::helper_loop() {

@@ -30,9 +30,9 @@ class Pool {
 
   int threads() const { return threads_; }
 
-  // Runs job(ctx, c) for every c in [0, chunks) (chunks <= kMaxChunks) and returns when all
-  // have finished. Not re-entrant: one caller at a time (MLX runs a stream's tasks on one
-  // thread).
+  // Runs job(ctx, c) for every c in [0, chunks) and returns when all have finished. One
+  // caller at a time uses the helpers (MLX runs a stream's tasks on one thread); a second
+  // caller meanwhile (another stream's thread) runs its chunks alone on its own thread.
   void run(Job job, void* ctx, int64_t chunks);
 
  private:
@@ -51,6 +51,7 @@ class Pool {
   Job job_ = nullptr;
   void* ctx_ = nullptr;
   std::atomic<int> sleepers_{0};
+  std::atomic<bool> busy_{false};  // a caller is using the helpers
   std::mutex mutex_;
   std::condition_variable wake_;
 };

@@ -37,7 +37,9 @@ mx::array small_matmul_op(const mx::array& x, const mx::array& w) {
     throw std::invalid_argument("small_matmul: x and w must be float32");
   if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1))
     throw std::invalid_argument("small_matmul: need x (..., K) and w (N, K) with the same K");
-  const auto s = mx::to_stream(mx::Device::cpu);
+  // The caller's current stream when it is a CPU one (a thread's own stream), else the CPU's.
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  if (s.device.type != mx::Device::cpu) s = mx::to_stream(mx::Device::cpu);
   int64_t M = 1;
   for (int i = 0; i + 1 < static_cast<int>(x.ndim()); ++i) M *= x.shape(i);
   const int K = w.shape(1), N = w.shape(0);
