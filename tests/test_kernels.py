@@ -237,3 +237,19 @@ def test_concurrent_callers(mod):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_linear_heads_of_every_kind():
+    """``matmul.linear`` gives each head what its module gives (float, quantized, biased)."""
+    import mlx.nn as nn
+
+    from edgespec.kernels.matmul import linear
+
+    mx.random.seed(6)
+    x = mx.random.normal((3, 64))
+    emb, lin, biased = nn.Embedding(100, 64), nn.Linear(64, 40, bias=False), nn.Linear(64, 40)
+    qemb, qlin = nn.QuantizedEmbedding.from_embedding(emb), nn.QuantizedLinear.from_linear(lin)
+    for module, want in ((emb, emb.as_linear(x)), (qemb, qemb.as_linear(x)), (lin, lin(x)),
+                         (qlin, qlin(x)), (biased, biased(x))):
+        got = linear(module, x)
+        assert got.shape == want.shape and mx.allclose(got, want, rtol=1e-5, atol=1e-4).item(), module

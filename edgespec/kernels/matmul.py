@@ -55,11 +55,13 @@ def small_matmul(x: mx.array, w: mx.array) -> mx.array:
 
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
-    """A bias-free ``nn.Linear`` (or an ``nn.Embedding`` used as the tied LM head) applied to
-    ``x`` through ``small_matmul``; any other module (quantized, biased) is called as it is."""
-    if type(module) is nn.Embedding:
-        w = module.weight
-        return small_matmul(x, w) if w.dtype == mx.float32 else module.as_linear(x)
+    """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
+    ``nn.Embedding`` (the tied LM head) through ``small_matmul``; any other embedding
+    (quantized) through its ``as_linear``, any other module called as it is."""
+    if hasattr(module, "as_linear"):  # an embedding used as the LM head
+        if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
+            return small_matmul(x, module.weight)
+        return module.as_linear(x)
     if type(module) is nn.Linear and "bias" not in module and module.weight.dtype == mx.float32:
         return small_matmul(x, module.weight)
     return module(x)
