@@ -27,6 +27,6 @@ void rows_avx512(const float*, int64_t, const float*, int64_t, float*, int64_t, 
 #endif
 
 // Threads split N on multiples of this many weight rows.
-constexpr int64_t kRowsPerBlock = 4;
+constexpr int64_t kRowsPerBlock = 12;  // a multiple of every ISA's NB_MAX (6, 3)
 
 }  // namespace edgespec_native

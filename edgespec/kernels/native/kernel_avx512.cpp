@@ -19,7 +19,7 @@ inline __m512 tail512(const float* p, int r) {
 #define VSUM(v) _mm512_reduce_add_ps(v)
 #define ROWS_FN rows_avx512_impl
 #define MB_MAX 4
-#define NB_MAX 4
+#define NB_MAX 6
 #include "kernel_blocks.inc"
 
 }  // namespace
