@@ -135,8 +135,10 @@ def test_bad_inputs_raise_kernel_error(mod):
 
 
 def test_op_picks_the_kernel_for_small_inputs_only(mod, monkeypatch):
-    assert backend.use_small_matmul(1, 576, 576) and backend.use_small_matmul(backend.SMALL_M_MAX, 8, 8)
-    assert not backend.use_small_matmul(backend.SMALL_M_MAX + 1, 576, 576)
+    assert backend.use_small_matmul(1, 3072, 576) and backend.use_small_matmul(4, 576, 576)
+    assert not backend.use_small_matmul(1, 576, 576)  # too little work (measured)
+    assert not backend.use_small_matmul(backend.SMALL_M_MAX + 1, 3072, 576)
+    monkeypatch.setattr(backend, "MIN_WORK", 0)
     calls = []
     monkeypatch.setattr(mod, "small_matmul", lambda x, w: calls.append(x.shape) or x @ w.T)
     w = mx.ones((16, 8))
@@ -151,6 +153,26 @@ def test_op_picks_the_kernel_for_small_inputs_only(mod, monkeypatch):
         backend.set_native_enabled(True)
     assert calls == [(2, 3, 8)]
     assert backend.native_summary().startswith("active: small_matmul")
+
+
+def test_engine_with_the_kernel_in_every_product(mod, monkeypatch, tiny_models):
+    """The tiny models' products are below MIN_WORK; with it at 0 every projection and the
+    head of a decode step or verify run the kernel: the fused forward still matches the
+    module path and greedy speculation still gives plain decoding's tokens."""
+    import edgespec
+    from edgespec import SpecConfig, make_drafter
+
+    monkeypatch.setattr(backend, "MIN_WORK", 0)
+    calls = []
+    real = mod.small_matmul
+    monkeypatch.setattr(mod, "small_matmul", lambda x, w: calls.append(x.shape) or real(x, w))
+    target = tiny_models.load(layers=2, tie=False)
+    msgs = [{"role": "user", "content": "one two three one two three one two"}]
+    plain = edgespec.Engine(target).generate(msgs, max_tokens=24).token_ids
+    assert calls, "the kernel never ran"
+    for method in ("lookup", "lookahead"):
+        eng = edgespec.Engine(target, drafter=make_drafter(SpecConfig(method=method), target))
+        assert eng.generate(msgs, max_tokens=24).token_ids == plain, method
 
 
 # ---- the fallback: no module -----------------------------------------------------------------

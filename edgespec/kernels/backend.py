@@ -5,8 +5,11 @@
 kernel (``kernels/native``) instead of MLX's matmul (the BLAS). The rule is per shape and
 comes from measurements on the dev machine (docs/architecture.md, "Backends"): on the CPU,
 with the native module loaded and SIMD code for this CPU (AVX-512 or AVX2), for
-``m <= SMALL_M_MAX`` rows. ``set_native_enabled(False)`` turns the kernels off for this
-process (A/B measurements; ``EDGESPEC_NATIVE=0`` does the same from the environment).
+``m <= SMALL_M_MAX`` rows and products of at least ``MIN_WORK`` multiply-adds.
+``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
+``EDGESPEC_NATIVE=0`` does the same from the environment). ``choice_key()`` is what the
+choice depends on besides the shape: compiled functions that made it while tracing are
+cached under it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import mlx.core as mx
 from ..errors import EdgespecError
 from . import native
 
-# Measured faster than OpenBLAS for every demo-model product at 1 <= m <= 32 rows (at 64 rows
-# the two are even and OpenBLAS is the one with more headroom), see docs/architecture.md.
+# Measured against OpenBLAS on every demo-model product (docs/architecture.md): faster at
+# 2..32 rows except the smallest products (o_proj 576x576 at 2 rows), even at 64 rows, and at
+# 1 row faster only for the big ones (gate|up, the LM head). Below MIN_WORK multiply-adds the
+# BLAS's one-thread product is as fast and handing half to a second thread does not pay.
 SMALL_M_MAX = 32
+MIN_WORK = 1_000_000
 SIMD_ISAS = ("avx512", "avx2")
 
 _enabled = [True]
@@ -45,8 +51,12 @@ def native_enabled() -> bool:
     return mod is not None and mod.isa() in SIMD_ISAS
 
 
+def choice_key() -> tuple:
+    return native_enabled(), SMALL_M_MAX, MIN_WORK
+
+
 def use_small_matmul(m: int, n: int, k: int) -> bool:
-    return 1 <= m <= SMALL_M_MAX and n > 0 and k > 0 and native_enabled()
+    return 1 <= m <= SMALL_M_MAX and m * n * k >= MIN_WORK and native_enabled()
 
 
 def native_summary() -> str:
@@ -61,4 +71,5 @@ def native_summary() -> str:
     mod = native.load()
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
-    return f"active: small_matmul (x @ w.T for 1..{SMALL_M_MAX} rows), {st.reason}"
+    return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds), "
+            f"{st.reason}")

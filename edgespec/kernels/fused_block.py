@@ -2,8 +2,8 @@
 each side of attention as one compiled MLX function.
 
 The four projections go through ``matmul.small_matmul`` (the native small-M kernel where the
-backend chose it, else ``x @ w.T``). Used by pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with
-qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
+backend chose it, else ``x @ w.T``). Used by pre-norm SiLU blocks
+(``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
 (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
@@ -19,7 +19,7 @@ import mlx.nn as nn
 from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
-from .backend import native_enabled, on_cpu
+from .backend import choice_key, on_cpu
 from .matmul import small_matmul
 
 
@@ -110,15 +110,15 @@ class FusedBlock:
     def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         positions, mask = prepare(positions, mask)
         compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
-        pre, post = _block_functions(self.key, compiled, on_cpu(), native_enabled())
+        pre, post = _block_functions(self.key, compiled, on_cpu(), choice_key())
         q, k, v = pre(x, positions, *self.pre_args)
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
 
 @lru_cache(maxsize=None)
-def _block_functions(key: tuple, compiled: bool, cpu: bool, native: bool):
-    # cpu: the silu/attention choice; native: the small_matmul choice (made while tracing)
+def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple):
+    # cpu: the silu/attention choice; matmul_choice: small_matmul's (made while tracing)
     h, kv, d, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, qk_eps, inter = key
     nq, nk = h * d, kv * d
 

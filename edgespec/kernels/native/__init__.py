@@ -83,16 +83,18 @@ def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
         return None, NativeStatus(False, f"off (no native kernels for {platform.machine()} yet)")
     path = find_module_file(directory)
     if path is None:
-        return None, NativeStatus(False, f"not built (no {MODULE_NAME} module in {directory}); {BUILD_HINT}")
+        return None, NativeStatus(False, f"not built (no {MODULE_NAME} module in {directory}); "
+                                         f"{BUILD_HINT}")
     if directory == SOURCE_DIR / "build" and path.stat().st_mtime < _newest_source_mtime():
-        return None, NativeStatus(False, f"stale (built before the sources in {SOURCE_DIR} changed); "
-                                         f"{BUILD_HINT}", str(path))
+        return None, NativeStatus(False, f"stale (built before the sources in {SOURCE_DIR} "
+                                         f"changed); {BUILD_HINT}", str(path))
     try:
         spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         if mod.built_for_mlx != mx.__version__:  # before any call: another MLX's array ABI
-            raise RuntimeError(f"built for MLX {mod.built_for_mlx}, MLX {mx.__version__} is installed")
+            raise RuntimeError(f"built for MLX {mod.built_for_mlx}, "
+                               f"MLX {mx.__version__} is installed")
         _self_check(mod)
     except Exception as e:  # noqa: BLE001  (any failure means: use the pure-MLX path)
         return None, NativeStatus(False, f"failed to load {path.name}: {type(e).__name__}: {e}; "
