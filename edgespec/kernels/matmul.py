@@ -59,7 +59,7 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
     """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
     ``nn.Embedding`` (the tied LM head) through ``small_matmul``; any other embedding
     (quantized) through its ``as_linear``, any other module called as it is."""
-    if hasattr(module, "as_linear"):  # an embedding used as the LM head
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)
         return module.as_linear(x)
