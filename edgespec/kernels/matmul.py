@@ -22,6 +22,7 @@ import mlx.nn as nn
 
 from . import native
 from .backend import KernelError, use_small_matmul
+from .qmatmul import quantized_small_matmul
 
 
 def small_matmul_mlx(x: mx.array, w: mx.array) -> mx.array:
@@ -57,8 +58,13 @@ def small_matmul(x: mx.array, w: mx.array) -> mx.array:
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
     """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
-    ``nn.Embedding`` (the tied LM head) through ``small_matmul``; any other embedding
-    (quantized) through its ``as_linear``, any other module called as it is."""
+    ``nn.Embedding`` (the tied LM head) through ``small_matmul``; a bias-free affine
+    ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` through ``qmatmul``; any other module
+    called as it is (an embedding through its ``as_linear``)."""
+    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
+            and module.mode == "affine":
+        return quantized_small_matmul(x, module["weight"], module["scales"], module.get("biases"),
+                                      module.group_size, module.bits)
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)
