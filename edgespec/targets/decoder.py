@@ -23,6 +23,7 @@ import mlx.nn as nn
 
 from ..cache import KVCache
 from ..kernels.attention import prepare
+from ..kernels.matmul import linear
 
 
 @dataclass
@@ -115,7 +116,5 @@ class Decoder(nn.Module):
         return sum(block.fuse() for block in self.model.layers)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        h = self.model.norm(hidden)
-        if self.args.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)
+        return linear(self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head, h)

@@ -1,0 +1,74 @@
+"""Small-M float32 products ``y = x @ w.T`` (x: (..., K), w: (N, K): a linear layer's weight).
+
+``small_matmul`` is the op the model code calls: the native kernel (``kernels/native``: each
+row of w streamed once for all rows of x, AVX-512/AVX2 FMA, N split over threads) where
+``backend.use_small_matmul`` says it was measured faster, else its pure-MLX twin
+``small_matmul_mlx`` (MLX's matmul, i.e. the BLAS). ``small_matmul_native`` always runs the
+kernel (tests compare the two).
+
+The kernel sums each output in one order whatever the number of rows, so a row's result does
+not depend on the rows computed with it. (The backend may still pick the BLAS for one row and
+the kernel for eight, as the BLAS's GEMV and GEMM also differ.) It and the twin agree to
+float32 rounding: |kernel - twin| <= 1e-5 * sum_k |x_k w_k| (``tests/test_kernels.py``
+checks this for random shapes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import native
+from .backend import KernelError, use_small_matmul
+from .qmatmul import quantized_small_matmul
+
+
+def small_matmul_mlx(x: mx.array, w: mx.array) -> mx.array:
+    """The pure-MLX twin: ``x @ w.T``."""
+    return x @ w.T
+
+
+def _check(x: mx.array, w: mx.array) -> None:
+    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
+        raise KernelError(f"small_matmul needs x (..., K) and w (N, K) with the same K; "
+                          f"got x {tuple(x.shape)} and w {tuple(w.shape)}")
+    if x.dtype != mx.float32 or w.dtype != mx.float32:
+        raise KernelError(f"small_matmul takes float32 x and w; got {x.dtype} and {w.dtype}")
+
+
+def small_matmul_native(x: mx.array, w: mx.array) -> mx.array:
+    """The native kernel, whatever the shape; raises KernelError when it is not loaded."""
+    _check(x, w)
+    mod = native.load()
+    if mod is None:
+        raise KernelError(f"the native kernels are not available: {native.status().reason}")
+    return mod.small_matmul(x, w)
+
+
+def small_matmul(x: mx.array, w: mx.array) -> mx.array:
+    """``x @ w.T``, through the native kernel where the backend chose it for this shape."""
+    if x.ndim >= 1 and w.ndim == 2 and x.dtype == w.dtype == mx.float32:
+        m = math.prod(x.shape[:-1])
+        if use_small_matmul(m, w.shape[0], w.shape[1]) and x.shape[-1] == w.shape[1]:
+            return native.load().small_matmul(x, w)
+    return small_matmul_mlx(x, w)
+
+
+def linear(module: nn.Module, x: mx.array) -> mx.array:
+    """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
+    ``nn.Embedding`` (the tied LM head) through ``small_matmul``; a bias-free affine
+    ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` through ``qmatmul``; any other module
+    called as it is (an embedding through its ``as_linear``)."""
+    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
+            and module.mode == "affine":
+        return quantized_small_matmul(x, module["weight"], module["scales"], module.get("biases"),
+                                      module.group_size, module.bits)
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
+        if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
+            return small_matmul(x, module.weight)
+        return module.as_linear(x)
+    if type(module) is nn.Linear and "bias" not in module and module.weight.dtype == mx.float32:
+        return small_matmul(x, module.weight)
+    return module(x)

@@ -1,0 +1,128 @@
+// See dispatch.h. The generic row function (plain C++, whatever the compiler makes of it) is
+// the fallback on CPUs without AVX2/FMA and on other architectures.
+#include "dispatch.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "kernel.h"
+#include "pool.h"
+
+namespace edgespec_native {
+
+void rows_generic(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                  int64_t ldy, int64_t M, int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s += x[m * ldx + k] * w[n * ldw + k];
+      y[m * ldy + n] = s;
+    }
+}
+
+namespace {
+
+// Below this many weight elements a product runs on the calling thread alone: waking a
+// helper costs more than the half of the work it would take.
+constexpr int64_t kThreadedMinWeights = 64 * 1024;
+
+bool cpu_has(const std::string& name) {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (name == "avx512") return __builtin_cpu_supports("avx512f");
+  if (name == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return name == "generic";
+}
+
+RowsFn fn_for(const std::string& name) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (name == "avx512") return rows_avx512;
+  if (name == "avx2") return rows_avx2;
+#endif
+  return rows_generic;
+}
+
+struct Choice {
+  std::atomic<RowsFn> fn;
+  std::string name;
+};
+
+Choice& choice() {
+  static Choice* c = [] {
+    auto* c = new Choice();
+    std::string name = "generic";
+    for (const char* cand : {"avx512", "avx2"})
+      if (cpu_has(cand)) {
+        name = cand;
+        break;
+      }
+    if (const char* env = std::getenv("EDGESPEC_KERNEL_ISA"))
+      if (cpu_has(env)) name = env;
+    c->name = name;
+    c->fn.store(fn_for(name));
+    return c;
+  }();
+  return *c;
+}
+
+// Threads claim N in chunks of about this many weight elements (a multiple of
+// kRowsPerBlock rows): small enough that a busy machine's descheduled helper holds up little.
+constexpr int64_t kChunkWeights = 32 * 1024;
+
+struct Job {
+  RowsFn fn;
+  const float* x;
+  int64_t ldx;
+  const float* w;
+  int64_t ldw;
+  float* y;
+  int64_t ldy, M, N, K, rows;  // rows: per chunk
+};
+
+void run_chunk(void* ctx, int64_t chunk) {
+  const Job& j = *static_cast<const Job*>(ctx);
+  const int64_t n0 = chunk * j.rows;
+  const int64_t n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
+  j.fn(j.x, j.ldx, j.w, j.ldw, j.y, j.ldy, j.M, j.K, n0, n1);
+}
+
+}  // namespace
+
+std::string isa() { return choice().name; }
+
+bool set_isa(const std::string& name) {
+  if (!cpu_has(name)) return false;
+  choice().name = name;
+  choice().fn.store(fn_for(name));
+  return true;
+}
+
+std::string supported_isas() {
+  std::string out;
+  for (const char* cand : {"avx512", "avx2", "generic"})
+    if (cpu_has(cand)) out += out.empty() ? cand : std::string(",") + cand;
+  return out;
+}
+
+int threads() { return Pool::get().threads(); }
+
+void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                  int64_t ldy, int64_t M, int64_t N, int64_t K) {
+  const RowsFn fn = choice().fn.load();
+  if (N * K < kThreadedMinWeights) {
+    fn(x, ldx, w, ldw, y, ldy, M, K, 0, N);
+    return;
+  }
+  int64_t rows = (kChunkWeights / K + kRowsPerBlock - 1) / kRowsPerBlock * kRowsPerBlock;
+  if (rows < kRowsPerBlock) rows = kRowsPerBlock;
+  int64_t chunks = (N + rows - 1) / rows;
+  if (chunks > Pool::kMaxChunks) {
+    chunks = Pool::kMaxChunks;
+    rows = (N + chunks - 1) / chunks;
+  }
+  Job job{fn, x, ldx, w, ldw, y, ldy, M, N, K, rows};
+  Pool::get().run(run_chunk, &job, chunks);
+}
+
+}  // namespace edgespec_native

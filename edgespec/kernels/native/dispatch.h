@@ -1,0 +1,27 @@
+// The ISA choice and the threaded driver of kernel.h's row functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace edgespec_native {
+
+// The ISA the kernels run: "avx512", "avx2" or "generic". Chosen once from the CPU, or from
+// EDGESPEC_KERNEL_ISA when that names one the CPU supports.
+std::string isa();
+
+// Selects an ISA the CPU supports; returns false (and changes nothing) otherwise. For tests.
+bool set_isa(const std::string& name);
+
+// The ISAs this CPU supports, best first.
+std::string supported_isas();
+
+// Threads the kernels split N over.
+int threads();
+
+// y (M, N; row stride ldy) = x (M, K; row stride ldx) @ w (N, K; row stride ldw).T, N split
+// over the pool's threads when the product is big enough to pay for waking them.
+void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                  int64_t ldy, int64_t M, int64_t N, int64_t K);
+
+}  // namespace edgespec_native

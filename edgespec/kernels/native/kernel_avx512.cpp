@@ -1,0 +1,32 @@
+// AVX-512F form of kernel.h's contract (compiled with -mavx512f -mfma only; see kernel.h).
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace edgespec_native {
+namespace {
+
+inline __m512 tail512(const float* p, int r) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << r) - 1u), p);
+}
+
+#define VEC __m512
+#define LANES 16
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VLOAD_TAIL(p, r) tail512((p), (r))
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VSUM(v) _mm512_reduce_add_ps(v)
+#define ROWS_FN rows_avx512_impl
+#define MB_MAX 4
+#define NB_MAX 6
+#include "kernel_blocks.inc"
+
+}  // namespace
+
+void rows_avx512(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                 int64_t ldy, int64_t M, int64_t K, int64_t n0, int64_t n1) {
+  rows_avx512_impl(x, ldx, w, ldw, y, ldy, M, K, n0, n1);
+}
+
+}  // namespace edgespec_native

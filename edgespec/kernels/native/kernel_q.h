@@ -1,0 +1,24 @@
+// Small-M products with group-quantized weights in MLX's affine layout (mx.quantize):
+// y = x @ dequantize(wq, scales, biases).T, where row n of w is packed into uint32 words (bits =
+// 4: 8 values a word, 8: 4 a word, value j in bits [j*bits, (j+1)*bits), low first) and value
+// k of row n dequantizes to scales[n, k / gs] * q + biases[n, k / gs].
+//
+// Contract (every ISA): rows n0 <= n < n1 of y (M, ldy) from x (M, ldx), the packed rows wq
+// (row stride ldq bytes) and scales/biases (row stride ldg). K is a multiple of gs, gs of 16.
+// As in kernel.h, each output is summed in one order whatever M is.
+#pragma once
+
+#include <cstdint>
+
+namespace edgespec_native {
+
+void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
+                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                   int64_t K, int64_t gs, int64_t n0, int64_t n1);
+#if defined(__x86_64__) || defined(_M_X64)
+void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
+                  const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                  int64_t K, int64_t gs, int64_t n0, int64_t n1);
+#endif
+
+}  // namespace edgespec_native

@@ -1,0 +1,116 @@
+// See pool.h.
+#include "pool.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define EDGESPEC_PAUSE() _mm_pause()
+#else
+#define EDGESPEC_PAUSE() std::this_thread::yield()
+#endif
+
+namespace edgespec_native {
+namespace {
+
+// How long a helper keeps polling for the next job before it sleeps.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+int configured_threads() {
+  if (const char* env = std::getenv("EDGESPEC_KERNEL_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1 && n <= 64) return n;
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw < 8 ? hw : 8);
+}
+
+inline uint32_t gen_of(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
+inline int64_t count_of(uint64_t w) { return static_cast<int64_t>((w >> 16) & 0xffff); }
+inline int64_t next_of(uint64_t w) { return static_cast<int64_t>(w & 0xffff); }
+
+}  // namespace
+
+Pool& Pool::get() {
+  // Never destroyed: joining threads from a static destructor at interpreter exit can hang,
+  // and the helpers hold nothing that needs releasing.
+  static Pool* pool = new Pool(configured_threads());
+  return *pool;
+}
+
+Pool::Pool(int threads) : threads_(threads), pid_(getpid()) {
+  for (int i = 1; i < threads; ++i) std::thread([this] { helper_loop(); }).detach();
+}
+
+int64_t Pool::work(uint32_t gen) {
+  int64_t ran = 0;
+  uint64_t w = claim_.load(std::memory_order_acquire);
+  while (gen_of(w) == gen && next_of(w) < count_of(w)) {
+    if (claim_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) {
+      // Claimed chunk next_of(w) of this generation: the caller cannot publish another job
+      // (and overwrite job_/ctx_) before this chunk is counted in done_.
+      job_(ctx_, next_of(w));
+      done_.fetch_add(1, std::memory_order_acq_rel);
+      ++ran;
+      w = claim_.load(std::memory_order_acquire);
+    }
+  }
+  return ran;
+}
+
+void Pool::run(Job job, void* ctx, int64_t chunks) {
+  if (chunks <= 0) return;
+  // Alone: one thread, one chunk, too many chunks for the claim word, a forked child (it
+  // has no helpers), or another caller holding the helpers.
+  if (threads_ == 1 || chunks == 1 || chunks > kMaxChunks || getpid() != pid_ ||
+      busy_.exchange(true, std::memory_order_acquire)) {
+    for (int64_t c = 0; c < chunks; ++c) job(ctx, c);
+    return;
+  }
+  const uint32_t gen = ++generation_;
+  job_ = job;
+  ctx_ = ctx;
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store((uint64_t(gen) << 32) | (uint64_t(chunks) << 16));  // seq_cst: see helper_loop
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+  work(gen);
+  int spins = 0;
+  while (done_.load(std::memory_order_acquire) != chunks) {  // chunks helpers still run
+    if (++spins < 4096) {
+      EDGESPEC_PAUSE();
+    } else {
+      std::this_thread::yield();  // a helper was descheduled mid-chunk (a busy machine)
+    }
+  }
+  busy_.store(false, std::memory_order_release);
+}
+
+void Pool::helper_loop() {
+  uint32_t seen = 0;
+  while (true) {
+    auto start = std::chrono::steady_clock::now();
+    int spins = 0;
+    while (gen_of(claim_.load(std::memory_order_acquire)) == seen) {
+      EDGESPEC_PAUSE();
+      if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+        // Sleep. The caller stores claim_ and then reads sleepers_ (both seq_cst), this
+        // thread counts itself in sleepers_ and then reads claim_: one of them sees the other.
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleepers_.fetch_add(1);
+        while (gen_of(claim_.load()) == seen) wake_.wait(lock);
+        sleepers_.fetch_sub(1);
+        break;
+      }
+    }
+    seen = gen_of(claim_.load(std::memory_order_acquire));
+    work(seen);
+  }
+}
+
+}  // namespace edgespec_native

@@ -1,0 +1,130 @@
+// See quantized_matmul.h and kernel_q.h.
+#include "quantized_matmul.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "dispatch.h"
+#include "kernel_q.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "pool.h"
+
+namespace edgespec_native {
+
+void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
+                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                   int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  const uint32_t mask = (1u << bits) - 1u;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(wq + n * ldq);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t bit = k * bits;
+        const float q = static_cast<float>((row[bit / 32] >> (bit % 32)) & mask);
+        acc += x[m * ldx + k] * (s[n * ldg + k / gs] * q + b[n * ldg + k / gs]);
+      }
+      y[m * ldy + n] = acc;
+    }
+  }
+}
+
+namespace {
+
+struct QJob {
+  bool avx512;
+  int bits;
+  const float* x;
+  int64_t ldx;
+  const uint8_t* wq;
+  int64_t ldq;
+  const float *s, *b;
+  int64_t ldg;
+  float* y;
+  int64_t ldy, M, N, K, gs, rows;
+};
+
+void run_qchunk(void* ctx, int64_t chunk) {
+  const QJob& j = *static_cast<const QJob*>(ctx);
+  const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (j.avx512)
+    return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
+                        j.gs, n0, n1);
+#endif
+  qrows_generic(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs,
+                n0, n1);
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
+}
+
+}  // namespace
+
+mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
+                                    const mx::array& scales, const mx::array& biases,
+                                    int group_size, int bits) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(group_size == 32 || group_size == 64 || group_size == 128,
+        "group_size must be 32, 64 or 128");
+  check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
+            biases.dtype() == mx::float32 && wq.dtype() == mx::uint32,
+        "need float32 x, scales, biases and uint32 wq");
+  check(x.ndim() >= 1 && wq.ndim() == 2 && scales.ndim() == 2 && scales.shape() == biases.shape(),
+        "need x (..., K), wq (N, K*bits/32), scales and biases (N, K/group_size)");
+  const int K = x.shape(-1), N = wq.shape(0);
+  check(K % group_size == 0 && wq.shape(1) * 32 == K * bits && scales.shape(0) == N &&
+            scales.shape(1) * group_size == K,
+        "shapes do not match K = x.shape[-1] with this group_size and bits");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  if (s.device.type != mx::Device::cpu) s = mx::to_stream(mx::Device::cpu);
+  int64_t M = 1;
+  for (int i = 0; i + 1 < static_cast<int>(x.ndim()); ++i) M *= x.shape(i);
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = N;
+  auto x2 = mx::contiguous(mx::reshape(x, {static_cast<int>(M), K}, s), false, s);
+  auto y = mx::array(
+      {static_cast<int>(M), N}, mx::float32,
+      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits),
+      {x2, mx::contiguous(wq, false, s), mx::contiguous(scales, false, s),
+       mx::contiguous(biases, false, s)});
+  return mx::reshape(y, out_shape, s);
+}
+
+std::vector<mx::Shape> QuantizedSmallMatmul::output_shapes(const std::vector<mx::array>& in) {
+  return {{in[0].shape(0), in[1].shape(0)}};
+}
+
+void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto &x = inputs[0], &wq = inputs[1], &sc = inputs[2], &bi = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  QJob job{isa() == "avx512", bits_, x.data<float>(), int64_t(x.shape(1)),
+           reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
+           sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
+           int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
+           int64_t(x.shape(1)), group_size_, 0};
+  encoder.dispatch([job]() mutable {
+    if (job.M == 0 || job.N == 0) return;
+    // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
+    job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
+    if (job.rows < 4) job.rows = 4;
+    int64_t chunks = (job.N + job.rows - 1) / job.rows;
+    if (chunks > Pool::kMaxChunks) {
+      chunks = Pool::kMaxChunks;
+      job.rows = (job.N + chunks - 1) / chunks;
+    }
+    Pool::get().run(run_qchunk, &job, chunks);
+  });
+}
+
+void QuantizedSmallMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("EdgespecQuantizedSmallMatmul has no GPU form");
+}
+
+}  // namespace edgespec_native

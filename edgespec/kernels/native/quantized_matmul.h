@@ -1,0 +1,39 @@
+// The MLX op and primitive for kernel_q.h: quantized_small_matmul(x, wq, scales, biases,
+// group_size, bits) = x @ dequantize(...).T for float32 x (..., K) and MLX's affine layout
+// (bits 4 or 8, group_size 32, 64 or 128, float32 scales and biases). CPU only, like
+// small_matmul.h. Runs the AVX-512 code on CPUs that have it, else plain C++.
+#pragma once
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+
+namespace edgespec_native {
+
+namespace mx = mlx::core;
+
+// Raises std::invalid_argument (ValueError in Python) for other layouts, dtypes or shapes.
+mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
+                                    const mx::array& scales, const mx::array& biases,
+                                    int group_size, int bits);
+
+class QuantizedSmallMatmul : public mx::UnaryPrimitive {
+ public:
+  QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override { return "EdgespecQuantizedSmallMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantizedSmallMatmul&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+}  // namespace edgespec_native

@@ -1,0 +1,277 @@
+"""The native small-M matmul (kernels/native, kernels/matmul.py) against its pure-MLX twin.
+
+Tolerance (stated in kernels/matmul.py): |kernel - twin| <= 1e-5 * sum_k |x_k w_k| per output,
+and the same against a float64 product. Where the extension is not built the kernel tests
+skip, but only on a machine that cannot build it (not x86-64 Linux, or no C++ compiler): with
+a compiler present a missing module is a failure (``scripts/test.sh`` builds it first).
+The fallback tests (no module: one warning, pure-MLX results) run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgespec.kernels import backend, native
+from edgespec.kernels.matmul import small_matmul, small_matmul_mlx, small_matmul_native
+
+ROOT = Path(__file__).resolve().parent.parent
+AWKWARD = [1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 95, 576, 577, 1000]
+RTOL_ABS_SUM = 1e-5
+
+
+def _can_build() -> str | None:
+    """Why this machine cannot build the extension, or None when it can."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"native kernels are built on x86-64 Linux only ({platform.system()} {platform.machine()})"
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++")):
+        return "no C++ compiler on this machine"
+    return None
+
+
+@pytest.fixture(scope="module")
+def mod():
+    m = native.load()
+    if m is None:
+        why = _can_build()
+        if why:
+            pytest.skip(f"native kernels unavailable: {why}")
+        pytest.fail(f"a C++ compiler is here but the native kernels are not: {native.status().reason}")
+    return m
+
+
+def _close(y: mx.array, x: mx.array, w: mx.array) -> None:
+    xn, wn = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
+    xn = xn.reshape(-1, xn.shape[-1])
+    bound = RTOL_ABS_SUM * (np.abs(xn) @ np.abs(wn).T) + 1e-30
+    got = np.array(y).reshape(xn.shape[0], -1)
+    twin = np.array(small_matmul_mlx(x, w)).reshape(got.shape)
+    assert (np.abs(got - twin) <= bound).all(), np.abs(got - twin).max()
+    assert (np.abs(got - xn @ wn.T) <= bound).all()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(m=st.integers(1, 64), n=st.sampled_from(AWKWARD), k=st.sampled_from(AWKWARD),
+       seed=st.integers(0, 2**31 - 1))
+def test_kernel_equals_twin(mod, m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    x = mx.array(rng.standard_normal((m, k), dtype=np.float32))
+    w = mx.array(rng.standard_normal((n, k), dtype=np.float32))
+    _close(small_matmul_native(x, w), x, w)
+
+
+def test_threaded_sizes_and_leading_dims(mod):
+    """Products big enough to be split over threads (many chunks, a ragged last one)."""
+    rng = np.random.default_rng(1)
+    for shape, n, k in (((2, 5, 577), 4099, 577), ((33, 1536), 600, 1536), ((1, 1, 64), 5000, 64)):
+        x = mx.array(rng.standard_normal(shape, dtype=np.float32))
+        w = mx.array(rng.standard_normal((n, k), dtype=np.float32))
+        y = small_matmul_native(x, w)
+        assert y.shape == (*shape[:-1], n)
+        _close(y, x, w)
+
+
+def test_rows_do_not_depend_on_their_batch(mod):
+    """Each row gets the same bits alone as among up to 64 rows (any block position)."""
+    rng = np.random.default_rng(2)
+    w = mx.array(rng.standard_normal((1003, 577), dtype=np.float32))
+    x = mx.array(rng.standard_normal((64, 577), dtype=np.float32))
+    full = small_matmul_native(x, w)
+    for m in (1, 2, 3, 5, 8, 13, 63):
+        part = small_matmul_native(x[:m], w)
+        assert mx.array_equal(part, full[:m]).item(), m
+    for i in (0, 6, 37, 63):
+        assert mx.array_equal(small_matmul_native(x[i : i + 1], w), full[i : i + 1]).item(), i
+
+
+def test_every_isa_the_cpu_has(mod):
+    """The AVX-512, AVX2 and generic code all meet the tolerance (a CPU with only AVX2, or
+    neither, runs one of the narrower ones)."""
+    rng = np.random.default_rng(3)
+    before = mod.isa()
+    isas = mod.supported_isas().split(",")
+    assert before in isas and "generic" in isas
+    try:
+        for isa in isas:
+            assert mod.set_isa(isa) and mod.isa() == isa
+            for m, n, k in ((1, 9, 5), (7, 130, 577), (17, 4099, 33), (64, 31, 1000)):
+                x = mx.array(rng.standard_normal((m, k), dtype=np.float32))
+                w = mx.array(rng.standard_normal((n, k), dtype=np.float32))
+                _close(small_matmul_native(x, w), x, w)
+        assert not mod.set_isa("no-such-isa") and mod.isa() == isas[-1]
+    finally:
+        mod.set_isa(before)
+
+
+def test_strided_inputs_and_compile(mod):
+    rng = np.random.default_rng(4)
+    base = mx.array(rng.standard_normal((40, 96), dtype=np.float32))
+    x = base[3:11, 5:69]  # a strided view (row stride 96)
+    w_rows = base[10:30, 10:74]  # another one
+    w_t = mx.array(rng.standard_normal((64, 25), dtype=np.float32)).T  # column stride 25
+    for w in (w_rows, w_t):
+        _close(small_matmul_native(x, w), x, w)
+    f = mx.compile(lambda a, b: small_matmul_native(a, b) * 2)
+    assert mx.allclose(f(x, w_rows), 2 * (x @ w_rows.T), rtol=1e-5, atol=1e-4).item()
+
+
+def test_bad_inputs_raise_kernel_error(mod):
+    x = mx.zeros((2, 8))
+    with pytest.raises(backend.KernelError, match=r"same K; got x \(2, 8\) and w \(3, 7\)"):
+        small_matmul_native(x, mx.zeros((3, 7)))
+    with pytest.raises(backend.KernelError, match="float32 x and w; got mlx.core.float16"):
+        small_matmul_native(x.astype(mx.float16), mx.zeros((3, 8), dtype=mx.float16))
+
+
+def test_op_picks_the_kernel_for_small_inputs_only(mod, monkeypatch):
+    assert backend.use_small_matmul(1, 3072, 576) and backend.use_small_matmul(4, 576, 576)
+    assert not backend.use_small_matmul(1, 576, 576)  # too little work (measured)
+    assert not backend.use_small_matmul(backend.SMALL_M_MAX + 1, 3072, 576)
+    monkeypatch.setattr(backend, "MIN_WORK", 0)
+    calls = []
+    monkeypatch.setattr(mod, "small_matmul", lambda x, w: calls.append(x.shape) or x @ w.T)
+    w = mx.ones((16, 8))
+    small_matmul(mx.ones((2, 3, 8)), w)
+    small_matmul(mx.ones((backend.SMALL_M_MAX + 1, 8)), w)
+    small_matmul(mx.ones((2, 8), dtype=mx.float16), w.astype(mx.float16))
+    backend.set_native_enabled(False)
+    try:
+        small_matmul(mx.ones((2, 8)), w)
+        assert backend.native_summary().startswith("inactive: turned off")
+    finally:
+        backend.set_native_enabled(True)
+    assert calls == [(2, 3, 8)]
+    assert backend.native_summary().startswith("active: small_matmul")
+
+
+def test_engine_with_the_kernel_in_every_product(mod, monkeypatch, tiny_models):
+    """The tiny models' products are below MIN_WORK; with it at 0 every projection and the
+    head of a decode step or verify run the kernel: the fused forward still matches the
+    module path and greedy speculation still gives plain decoding's tokens."""
+    import edgespec
+    from edgespec import SpecConfig, make_drafter
+
+    monkeypatch.setattr(backend, "MIN_WORK", 0)
+    calls = []
+    real = mod.small_matmul
+    monkeypatch.setattr(mod, "small_matmul", lambda x, w: calls.append(x.shape) or real(x, w))
+    target = tiny_models.load(layers=2, tie=False)
+    msgs = [{"role": "user", "content": "one two three one two three one two"}]
+    plain = edgespec.Engine(target).generate(msgs, max_tokens=24).token_ids
+    assert calls, "the kernel never ran"
+    for method in ("lookup", "lookahead"):
+        eng = edgespec.Engine(target, drafter=make_drafter(SpecConfig(method=method), target))
+        assert eng.generate(msgs, max_tokens=24).token_ids == plain, method
+
+
+# ---- the fallback: no module -----------------------------------------------------------------
+
+
+def test_missing_module_warns_once_and_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_NATIVE_DIR", str(tmp_path))
+    native.reset()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert native.load() is None
+            assert native.load() is None
+            assert not backend.use_small_matmul(4, 64, 64)
+            x, w = mx.ones((4, 64)), mx.ones((8, 64))
+            assert mx.array_equal(small_matmul(x, w), x @ w.T).item()
+        ours = [c for c in caught if issubclass(c.category, native.NativeKernelWarning)]
+        assert len(ours) == 1
+        assert "using the pure-MLX path: not built" in str(ours[0].message)
+        assert "scripts/setup.sh" in str(ours[0].message)
+        assert backend.native_summary().startswith("inactive: not built")
+        with pytest.raises(backend.KernelError, match="not available: not built"):
+            small_matmul_native(x, w)
+    finally:
+        native.reset()
+
+
+def test_turned_off_is_silent(monkeypatch):
+    monkeypatch.setenv("EDGESPEC_NATIVE", "0")
+    native.reset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.load() is None
+        assert backend.native_summary() == "inactive: off (EDGESPEC_NATIVE=0)"
+    finally:
+        native.reset()
+
+
+_GENERATE = """
+import warnings, edgespec
+from edgespec.targets import load_target
+t = load_target(r"{path}", dtype="float32")
+e = edgespec.Engine(t)
+print(e.generate([{{"role": "user", "content": "hi"}}], max_tokens=12).token_ids)
+"""
+
+
+def test_process_without_module_decodes_with_one_warning(tmp_path, tiny_models):
+    """A whole process with no module: one warning on stderr, the same tokens as with the
+    kernels turned off on purpose (which warns nothing)."""
+    code = _GENERATE.format(path=tiny_models.path())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_NATIVE_DIR": str(tmp_path)}
+    missing = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 0, missing.stderr
+    assert missing.stderr.count("NativeKernelWarning") == 1, missing.stderr
+    env_off = {**env, "EDGESPEC_NATIVE": "0"}
+    off = subprocess.run([sys.executable, "-c", code], env=env_off, capture_output=True, text=True, cwd=ROOT)
+    assert off.returncode == 0 and "NativeKernelWarning" not in off.stderr, off.stderr
+    assert missing.stdout == off.stdout and missing.stdout.strip().startswith("[")
+
+
+def test_concurrent_callers(mod):
+    """Two Python threads (each evaluating on its own) get correct products at once: the
+    helpers serve one caller, the other runs its chunks alone."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    w = mx.array(rng.standard_normal((3001, 257), dtype=np.float32))
+    xs = [mx.array(rng.standard_normal((m, 257), dtype=np.float32)) for m in (3, 9)]
+    want = [np.array(x) @ np.array(w).T for x in xs]
+    errors = []
+
+    def worker(i):
+        with mx.stream(mx.new_stream(mx.cpu)):
+            for _ in range(30):
+                got = np.array(small_matmul_native(xs[i], w))
+                if not np.allclose(got, want[i], rtol=1e-4, atol=1e-3):
+                    errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_linear_heads_of_every_kind():
+    """``matmul.linear`` gives each head what its module gives (float, quantized, biased)."""
+    import mlx.nn as nn
+
+    from edgespec.kernels.matmul import linear
+
+    mx.random.seed(6)
+    x = mx.random.normal((3, 64))
+    emb, lin, biased = nn.Embedding(100, 64), nn.Linear(64, 40, bias=False), nn.Linear(64, 40)
+    qemb, qlin = nn.QuantizedEmbedding.from_embedding(emb), nn.QuantizedLinear.from_linear(lin)
+    for module, want in ((emb, emb.as_linear(x)), (qemb, qemb.as_linear(x)), (lin, lin(x)),
+                         (qlin, qlin(x)), (biased, biased(x))):
+        got = linear(module, x)
+        assert got.shape == want.shape and mx.allclose(got, want, rtol=1e-5, atol=1e-4).item(), module

@@ -1,0 +1,100 @@
+"""The native quantized small-M matmul (kernels/qmatmul.py) against its pure-MLX twin.
+
+Tolerance (stated in kernels/qmatmul.py): per output within 1e-5 * sum_k |x_k w_k| of the
+twin, w the dequantized weights. Skips like tests/test_kernels.py where the extension cannot be
+built; the AVX-512 code is checked where the CPU has it, the plain C++ code everywhere.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgespec.kernels import backend
+from edgespec.kernels.matmul import linear
+from edgespec.kernels.qmatmul import (quantized_small_matmul, quantized_small_matmul_mlx,
+                                      quantized_small_matmul_native)
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+
+RTOL_ABS_SUM = 1e-5
+
+
+def _quantized(rng, n: int, k: int, group_size: int, bits: int):
+    w = mx.array(rng.standard_normal((n, k), dtype=np.float32))
+    return mx.quantize(w, group_size=group_size, bits=bits)
+
+
+def _close(y, x, q, group_size, bits):
+    w = np.array(mx.dequantize(*q, group_size=group_size, bits=bits), dtype=np.float64)
+    xn = np.array(x, dtype=np.float64).reshape(-1, w.shape[1])
+    bound = RTOL_ABS_SUM * (np.abs(xn) @ np.abs(w).T) + 1e-30
+    got = np.array(y).reshape(xn.shape[0], -1)
+    twin = np.array(quantized_small_matmul_mlx(x, *q, group_size, bits)).reshape(got.shape)
+    assert (np.abs(got - twin) <= bound).all(), np.abs(got - twin).max()
+    assert (np.abs(got - xn @ w.T) <= bound).all()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(m=st.integers(1, 64), n=st.sampled_from([1, 3, 4, 5, 17, 130, 1001]),
+       groups=st.integers(1, 12), group_size=st.sampled_from([32, 64, 128]),
+       bits=st.sampled_from([4, 8]), seed=st.integers(0, 2**31 - 1))
+def test_kernel_equals_twin(mod, m, n, groups, group_size, bits, seed):  # noqa: F811
+    rng = np.random.default_rng(seed)
+    k = groups * group_size
+    q = _quantized(rng, n, k, group_size, bits)
+    x = mx.array(rng.standard_normal((m, k), dtype=np.float32))
+    _close(quantized_small_matmul_native(x, *q, group_size, bits), x, q, group_size, bits)
+
+
+def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
+    rng = np.random.default_rng(1)
+    before = mod.isa()
+    try:
+        for isa in [i for i in ("avx512", "generic") if i in mod.supported_isas().split(",")]:
+            mod.set_isa(isa)
+            for bits in (4, 8):
+                q = _quantized(rng, 3001, 576, 64, bits)  # threaded: many chunks, a ragged one
+                x = mx.array(rng.standard_normal((2, 9, 576), dtype=np.float32))
+                y = quantized_small_matmul_native(x, *q, 64, bits)
+                assert y.shape == (2, 9, 3001)
+                _close(y, x, q, 64, bits)
+                alone = quantized_small_matmul_native(x[1, 4:5], *q, 64, bits)
+                assert mx.array_equal(alone, y[1, 4:5]).item()
+    finally:
+        mod.set_isa(before)
+
+
+def test_bad_layouts_raise_kernel_error(mod):  # noqa: F811
+    q = _quantized(np.random.default_rng(2), 8, 128, 64, 4)
+    with pytest.raises(backend.KernelError, match="bits must be 4 or 8"):
+        quantized_small_matmul_native(mx.ones((1, 128)), *q, 64, 3)
+    with pytest.raises(backend.KernelError, match=r"shapes do not match.*x \(1, 96\)"):
+        quantized_small_matmul_native(mx.ones((1, 96)), *q, 64, 4)
+
+
+def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
+    """``matmul.linear`` sends affine quantized heads (tied embedding or linear) to the kernel
+    on AVX-512 CPUs, and gives what the module gives."""
+    calls = []
+    real = mod.quantized_small_matmul
+    monkeypatch.setattr(mod, "quantized_small_matmul", lambda *a: calls.append(a[0].shape) or real(*a))
+    mx.random.seed(3)
+    x = mx.random.normal((4, 128))
+    qemb = nn.QuantizedEmbedding.from_embedding(nn.Embedding(300, 128), group_size=64, bits=4)
+    qlin = nn.QuantizedLinear.from_linear(nn.Linear(128, 50, bias=False), group_size=32, bits=8)
+    for module, want in ((qemb, qemb.as_linear(x)), (qlin, qlin(x))):
+        assert mx.allclose(linear(module, x), want, rtol=1e-4, atol=1e-3).item()
+    expect = 2 if mod.isa() == "avx512" else 0
+    assert len(calls) == expect
+    backend.set_native_enabled(False)
+    try:
+        assert mx.array_equal(quantized_small_matmul(x, qlin["weight"], qlin["scales"], qlin["biases"], 32, 8),
+                              qlin(x)).item()
+    finally:
+        backend.set_native_enabled(True)
+    assert len(calls) == expect
