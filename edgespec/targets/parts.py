@@ -23,6 +23,7 @@ from ..errors import UnsupportedModelError
 from ..kernels.activations import silu
 from ..kernels.attention import attend
 from ..kernels.fused_block import FusedBlock, rope
+from ..kernels.matmul import linear
 
 
 @dataclass(frozen=True)
@@ -113,16 +114,25 @@ class Attention(nn.Module):
 
     def __call__(self, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         B, N, _ = x.shape
-        q = self.q_proj(x).reshape(B, N, self.h, self.d)
-        k = self.k_proj(x).reshape(B, N, self.kv, self.d)
-        v = self.v_proj(x).reshape(B, N, self.kv, self.d).transpose(0, 2, 1, 3)
+        q = project(self.q_proj, x).reshape(B, N, self.h, self.d)
+        k = project(self.k_proj, x).reshape(B, N, self.kv, self.d)
+        v = project(self.v_proj, x).reshape(B, N, self.kv, self.d).transpose(0, 2, 1, 3)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = self.rope(q.transpose(0, 2, 1, 3), positions)
         k = self.rope(k.transpose(0, 2, 1, 3), positions)
         k, v = cache.write(layer, k, v)
         out = attend(q, k, v, self.scale, mask, self.softcap)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, N, -1))
+        return project(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, N, -1))
+
+
+def project(module: nn.Module, x: mx.array) -> mx.array:
+    """A projection of the module path: quantized weights through ``kernels.matmul.linear`` (the
+    native small-M kernel where it applies: quantized targets and self-drafts), float ones called
+    as they are (this path is the fused path's pure-MLX twin)."""
+    if isinstance(module, nn.QuantizedLinear):
+        return linear(module, x)
+    return module(x)
 
 
 class GatedMLP(nn.Module):
@@ -136,7 +146,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return project(self.down_proj, self.act(project(self.gate_proj, x)) * project(self.up_proj, x))
 
 
 class PreNormBlock(nn.Module):
