@@ -1,0 +1,56 @@
+"""The heads shipped in models/ for the demo model: found for it, refused by other models, and
+exact: greedy drafting with them gives plain decoding's tokens, with drafts accepted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import edgespec
+from edgespec import Engine, SamplingConfig, SpecConfig
+from edgespec.heads import find_head, load_head
+
+pytestmark = pytest.mark.demo
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "models" / "SmolLM2-135M-Instruct"
+# training prompts only: never the evaluation prompts (../shared/eval)
+PROMPTS = ["Write a short note inviting a neighbour to a garden party on Saturday.",
+           "Explain how a bicycle's gears make climbing a hill easier."]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return edgespec.load_target("demo", progress=False)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_shipped_head_is_found_and_small(demo, kind):
+    path = find_head(demo, kind)
+    assert path is not None and Path(path).resolve() == (SHIPPED / kind).resolve()
+    config, _ = load_head(path, demo)
+    assert config.kind == kind
+    recipe = json.loads((SHIPPED / kind / "recipe.json").read_text())
+    assert recipe["prompts"]["source"] == "magpie"
+    assert sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) <= 25 * 2**20
+
+
+def test_shipped_heads_refuse_another_model(target):
+    for kind in ("eagle3", "medusa"):
+        assert find_head(target, kind) is None
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_shipped_head_drafts_exactly(demo, kind):
+    plain = Engine(demo)
+    spec = Engine(demo, edgespec.make_drafter(SpecConfig(method=kind), demo, SamplingConfig()))
+    accepted = 0
+    for prompt in PROMPTS:
+        msgs = [{"role": "user", "content": prompt}]
+        a = plain.generate(msgs, max_tokens=40)
+        b = spec.generate(msgs, max_tokens=40)
+        assert b.token_ids == a.token_ids, prompt
+        accepted += b.stats.accepted
+    assert accepted > 0  # a trained head's drafts are taken, not only proposed
