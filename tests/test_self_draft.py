@@ -158,7 +158,6 @@ def test_calibration_picks_a_shallow_exit_on_near_identity_layers(near_identity)
     assert [r["exit_layer"] for r in res.table] == list(range(1, 8))
     for r in res.table:
         assert 0.0 <= r["accepted"] <= 1.0 and 1.0 <= r["tau"] <= 5.0 and r["draft_ms"] > 0
-    assert res.table[0]["draft_ms"] < res.table[-1]["draft_ms"]
     assert res.best is not None and res.best <= 4, res.reason
 
 
