@@ -28,7 +28,7 @@ import mlx.core as mx
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
 from .errors import CacheRollbackError
-from .prompt import Prompt, check_context, encode_prompt
+from .prompt import Prompt, check_context, encode_prompt, shared_prefix
 from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
 from .sampling import make_rng
@@ -230,11 +230,7 @@ class Engine:
         cache, seq = self._cache, self._cache_seq
         self._cache, self._cache_seq = None, []  # an interrupted prefill must not look reusable
         if self.reuse_prefix and cache is not None and cache.offset == len(seq) - 1:
-            common = 0
-            for a, b in zip(seq[:-1], ids[:-1]):
-                if a != b:
-                    break
-                common += 1
+            common = shared_prefix(seq[:-1], ids[:-1])
             try:
                 cache.trim(cache.offset - common)
             except CacheRollbackError:

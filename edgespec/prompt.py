@@ -42,3 +42,14 @@ def check_context(ids: list[int], context_length: int, model: str, what: str = "
     if len(ids) >= context_length:
         raise ContextOverflowError(f"the prompt has {len(ids)} tokens but the context window of "
                                    f"{model} is {context_length}; shorten the {what}")
+
+
+def shared_prefix(a, b) -> int:
+    """How many leading tokens two id sequences share (prefix reuse: the engine's cache, a draft
+    model's, a drafter's history)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

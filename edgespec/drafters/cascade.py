@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import SamplingConfig
+from ..prompt import shared_prefix
 from ..targets.target import Target
 from ..tree import DraftTree
 from ..verify import Accepted, accept
@@ -101,11 +102,7 @@ class CascadeDrafter(DraftModelDrafter):
     def _show_inner(self, seq: list[int]) -> None:
         """Bring the inner drafter from ``self.seen`` to ``seq`` (the committed history)."""
         seen = self.seen
-        common = 0
-        for a, b in zip(seen, seq):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(seen, seq)
         if common < len(seen) and not self.inner.rewind(len(seen) - common):
             self.inner.prefill(list(seq), None, self.sampling)
             self.seen = list(seq)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..errors import CacheRollbackError, DraftMismatchError
+from ..prompt import shared_prefix
 from ..targets.target import Target, TargetOutput
 from ..sampling import make_rng, probs, sample
 from ..tree import DraftTree
@@ -55,11 +56,7 @@ class DraftModelDrafter(Drafter):
                 sampling: SamplingConfig | None = None) -> None:
         # Keep the draft's KV for the prefix this prompt shares with the last sequence (a chat
         # resends its history each turn); rebuild from scratch when nothing is shared.
-        common = 0
-        for a, b in zip(self.history[: self.cache.offset], tokens[:-1]):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self.history[: self.cache.offset], tokens[:-1])
         try:
             self.cache.trim(self.cache.offset - common)
         except CacheRollbackError:  # a sliding window dropped what the shared prefix needs

@@ -34,6 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
+from ..prompt import shared_prefix
 from ..targets.cost import CostCurve
 from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, chain_mask, subtree
@@ -109,11 +110,7 @@ class Eagle3Drafter(Drafter):
         rows = target_out.captured[self.target_features[0]].shape[0] if target_out else 0
         start = len(tokens) - 1 - rows  # prompt positions the engine did not score (reused)
         new = self._fused(target_out) if rows else mx.zeros((0, self.target.args.hidden_size))
-        common = 0  # prompt tokens shared with what this drafter saw last
-        for x, y in zip(self.history, tokens[:-1]):
-            if x != y:
-                break
-            common += 1
+        common = shared_prefix(self.history, tokens[:-1])  # shared with what this drafter saw
         # pair t stays right while token t+1 is shared: pairs [base, keep) are kept
         keep = min(self.base + self.cache.offset, common - 1)
         kept = self._features(self.base, keep)
