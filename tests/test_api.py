@@ -143,8 +143,23 @@ def test_cancel_from_another_thread_and_from_an_asyncio_task(endless):
     assert results[0].finish_reason == "cancelled" and len(results[0].token_ids) < 1500
 
     async def cancel_task():
+        # cancelled while queued or just started: a fixed sleep raced a fast machine finishing
+        # all 1500 tokens first, so each cancel here waits on an event, not on the clock
         task = asyncio.create_task(llm.achat("far away", max_tokens=1500))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        first_step = asyncio.Event()
+
+        async def consume():
+            stream = llm.astream("far away", max_tokens=1500)
+            async for _ in stream:
+                first_step.set()
+            return await stream.result()
+
+        task = asyncio.create_task(consume())
+        await first_step.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
