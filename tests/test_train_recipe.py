@@ -130,3 +130,37 @@ def test_bad_flags_are_one_line_and_exit_2(args, needle):
     code, out = invoke(*args)
     assert code == 2 and needle in out
     assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
+
+
+def test_warm_start_continues_from_a_trained_head(model_dir, data, tmp_path, monkeypatch,
+                                                   tiny_models):
+    """--init-from trains on top of a finished head (its weights and draft vocabulary, not a
+    fresh init), in its own training folder; a head of the other kind is refused in one line."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_models.load(layers=4)
+    small = [*SMALL[:SMALL.index("--draft-vocab")], "--draft-vocab", "40", *SMALL[SMALL.index("--depths"):]]
+    code, out = invoke("train", "eagle3", "--model", model_dir, "--data", data,
+                       "--out", tmp_path / "first", *small)
+    assert code == 0, out
+    # a learning rate too small to move any weight: the result is the starting head
+    code, out = invoke("train", "eagle3", "--model", model_dir, "--data", data, "--lr", "1e-12",
+                       "--out", tmp_path / "again", "--init-from", tmp_path / "first", *SMALL)
+    assert code == 0, out
+    _, first = load_head(tmp_path / "first", target)
+    config, again = load_head(tmp_path / "again", target)
+    assert config.draft_vocab_size == 40  # the starting head's vocabulary, not --draft-vocab 48
+    assert np.array_equal(np.array(first.to_target_ids(np.arange(40))),
+                          np.array(again.to_target_ids(np.arange(40))))
+    for (name, a), (_, b) in zip(sorted(_flat(first)), sorted(_flat(again))):
+        assert np.allclose(np.array(a), np.array(b), atol=1e-3), name  # float16 on disk
+    recipe = json.loads((tmp_path / "again" / "recipe.json").read_text())
+    assert recipe["train"]["init_from"] == str(tmp_path / "first")
+    assert recipe["train"]["done"] == 4 and recipe["train"]["resumed_from"] == 0
+    code, out = invoke("train", "medusa", "--model", model_dir, "--data", data,
+                       "--out", tmp_path / "m", "--init-from", tmp_path / "first", *SMALL)
+    assert code == 2 and "holds a head of kind eagle3" in out and "Traceback" not in out
+
+
+def _flat(module):
+    from mlx.utils import tree_flatten
+    return tree_flatten(module.parameters())

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from ..errors import ConfigError
 from ..heads.config import HeadConfig, fingerprint
 from ..heads.eagle3 import Eagle3Head
-from ..heads.formats import save_head
+from ..heads.formats import load_head, save_head
 from ..heads.medusa import MedusaHeads, target_lm_head_weight
 from ..loading.hub import cache_dir, resolve_model
 from ..targets import load_target
@@ -40,7 +41,7 @@ from .features import FeatureStore, write_features
 from .objectives import Eagle3Objective, MedusaObjective
 from .prompts import TrainingDataError, read_prompts
 from .settings import TrainSettings
-from .vocab import draft_vocabulary
+from .vocab import draft_vocabulary, vocab_coverage
 
 PHASES = ("prompts", "answers", "features", "train", "save")
 TRAIN_KEYS = ("kind", "draft_vocab", "depths", "medusa_heads", "medusa_layers", "own_lm_head",
@@ -211,8 +212,11 @@ def plain_decoding_rate(target, tokens: int = 32) -> float:
 
 
 def build_head(s: TrainSettings, target, store: FeatureStore, train_seqs, held_seqs):
-    """A fresh head for ``s.kind`` (seeded), and what its draft vocabulary covers."""
+    """A fresh head for ``s.kind`` (seeded), or the ``init_from`` head, and what its draft
+    vocabulary covers."""
     mx.random.seed(s.seed)
+    if s.init_from is not None:
+        return warm_start(s, target, store, train_seqs, held_seqs)
     if s.kind == "medusa":
         config = HeadConfig.for_target(target, "medusa", num_heads=s.medusa_heads,
                                        num_layers=s.medusa_layers, own_lm_head=s.own_lm_head)
@@ -229,6 +233,21 @@ def build_head(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
     return config, head, {"draft_vocab": len(ids), "held_out_label_coverage": coverage}
 
 
+def warm_start(s: TrainSettings, target, store: FeatureStore, train_seqs, held_seqs):
+    """The ``init_from`` head, float32, checked to be of ``s.kind`` and for this target; an
+    EAGLE-3 head keeps its own draft vocabulary (its LM head rows are tied to it)."""
+    config, module = load_head(s.init_from, target)
+    if config.kind != s.kind:
+        raise ConfigError(f"init_from {s.init_from!r} holds a head of kind {config.kind}; "
+                          f"training {s.kind} starts only from a head of kind {s.kind}")
+    if s.kind == "medusa":
+        return config, module, {}
+    ids = np.array(module.to_target_ids(np.arange(config.draft_vocab_size)))
+    coverage = vocab_coverage(store, held_seqs, ids, target.args.vocab_size)
+    return config, module, {"draft_vocab": len(ids), "held_out_label_coverage": coverage,
+                            "init_from": s.init_from}
+
+
 def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, deadline):
     train_seqs, held_seqs = trainer.split(len(store), s.held_out, s.seed)
     config, module, vocab = build_head(s, target, store, train_seqs, held_seqs)
@@ -239,12 +258,22 @@ def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, dea
     plan = trainer.Plan(steps=steps, batch_size=s.batch_size, window=s.window, lr=s.lr_for_kind,
                         warmup=round(s.warmup * steps), weight_decay=s.weight_decay, clip=s.clip,
                         seed=s.seed, eval_every=s.eval_every, checkpoint_every=s.checkpoint_every)
-    key = _digest({k: getattr(s, k) for k in TRAIN_KEYS})
+    key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s)})
     result = trainer.train(objective, store, plan, folder / f"train-{s.kind}-{key}",
                            train_seqs=train_seqs, held_seqs=held_seqs, deadline=deadline,
                            resume=s.resume)
     result.update(vocab, train_sequences=len(train_seqs), held_sequences=len(held_seqs))
     return config, module, result
+
+
+def _start_key(s: TrainSettings) -> dict:
+    """A warm start trains in its own folder, named also by the starting weights' bytes."""
+    if s.init_from is None:
+        return {}
+    digest = hashlib.sha256()
+    for f in sorted(Path(s.init_from).glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return {"init_from": digest.hexdigest()[:12]}
 
 
 def summary(r: dict) -> str:

@@ -80,6 +80,9 @@ class TrainSettings:
     time_budget: str | None = field(default=None, metadata=_help(
         "stop cleanly (checkpoint, head saved) after this long, e.g. 3600, 50m, 1h; rerun to resume"))
     seed: int = field(default=0, metadata=_help("seed of the questions, the split, the init and the order"))
+    init_from: str | None = field(default=None, metadata=_help(
+        "start from this trained head (a head folder of the same kind for the same model) "
+        "instead of a fresh one: more epochs or another learning rate on top of a finished run"))
     resume: bool = field(default=True, metadata=_help(
         "continue training from the last checkpoint; --no-resume starts training over (the data "
         "phases always keep what is done)"))
@@ -90,7 +93,7 @@ class TrainSettings:
             v = getattr(self, name)
             _check(isinstance(v, str) and v.strip(), f"{name} must be a non-empty string "
                    f"(CLI: --{name} ...), got {v!r}")
-        for name in ("data", "work_dir"):
+        for name in ("data", "work_dir", "init_from"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, str) and v.strip()),
                    f"{name} must be a path or None, got {v!r}")

@@ -28,6 +28,10 @@ def draft_vocabulary(store: FeatureStore, train_seqs: list[int], held_seqs: list
     counts = label_counts(store, train_seqs, vocab_size)
     order = np.lexsort((np.arange(vocab_size), -counts))  # most frequent first, then by id
     ids = np.sort(order[: min(size, vocab_size)])
+    return ids, vocab_coverage(store, held_seqs, ids, vocab_size)
+
+
+def vocab_coverage(store: FeatureStore, held_seqs: list[int], ids, vocab_size: int) -> float:
+    """The share of the held-out labels that the draft vocabulary ``ids`` has."""
     held = label_counts(store, held_seqs, vocab_size)
-    coverage = float(held[ids].sum() / held.sum()) if held.sum() else 1.0
-    return ids, round(coverage, 4)
+    return round(float(held[ids].sum() / held.sum()), 4) if held.sum() else 1.0
