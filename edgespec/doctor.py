@@ -5,15 +5,25 @@ are active (or why none are: not built, stale, turned off, not on the CPU), and 
 model: the cost of a target forward over 1, 2, 4, 8 and 16 tokens after a 128-token context
 (speculation lives in the regime where 8 tokens cost little more than 1) and the speed of plain
 decoding. Medians of repeated runs.
+
+The bandwidth limit: every decoded token streams the weights a forward reads once (the blocks
+and the LM head; an untied embedding table is only indexed), so plain decoding can go no faster
+than (memory-streaming bandwidth) / (those bytes). The bandwidth is measured in the same run, by
+summing a 256 MiB float32 array that no cache holds, one slice per core in parallel; the share
+of that limit plain decoding reaches says how much a faster kernel could still win.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
 from .kernels.backend import native_summary
@@ -44,6 +54,26 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT) -> di
     return times
 
 
+def stream_bandwidth(mib: int = 256, repeats: int = 7) -> float:
+    """Bytes per second that all cores together read from memory (median of ``repeats``)."""
+    data = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    parts = np.array_split(data, os.cpu_count() or 1)
+    with ThreadPoolExecutor(len(parts)) as pool:  # numpy's sum releases the GIL
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            runs.append(time.perf_counter() - t)
+    return data.nbytes / statistics.median(runs)
+
+
+def streamed_bytes(target) -> int:
+    """Bytes of the weights one decoding step reads whole: all but an untied embedding table."""
+    untied = not target.model.args.tie_word_embeddings
+    return sum(v.nbytes for k, v in tree_flatten(target.model.parameters())
+               if not (untied and k.startswith("model.embed_tokens.")))
+
+
 def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
     info = blas_info()
     target = load(model_ref, dtype=dtype)
@@ -51,6 +81,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
     eng = Engine(target)
     eng.generate([{"role": "user", "content": "Count from one to twenty in words."}], max_tokens=8)
     res = eng.generate([{"role": "user", "content": "Write a short poem about the sea."}], max_tokens=64)
+    bandwidth, weight_bytes = stream_bandwidth(), streamed_bytes(target)
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -62,6 +93,9 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "plain_decode_tok_s": round(res.stats.tokens_per_s, 2),
+        "bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "streamed_weights_mb": round(weight_bytes / 2**20, 1),
+        "bandwidth_limit_tok_s": round(bandwidth / weight_bytes, 2),
     }
 
 
@@ -80,5 +114,8 @@ def format_findings(f: dict) -> str:
         f"           8-token / 1-token = {ratio:.2f}x"
         + ("  (speculation-friendly)" if ratio <= 2.0 else "  (verifying drafts is expensive here)"),
         "plain decoding  " + phrase("tokens_per_s", f["plain_decode_tok_s"]),
+        f"bandwidth  {f['bandwidth_gb_s']:.1f} GB/s read (all cores) / {f['streamed_weights_mb']:.0f} MB "
+        f"of weights per token = {f['bandwidth_limit_tok_s']:.1f} tok/s limit; plain decoding "
+        f"reaches {100 * f['plain_decode_tok_s'] / f['bandwidth_limit_tok_s']:.0f}% of it",
     ]
     return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""``edgespec doctor`` on a tiny model: every finding is there and the bandwidth line's numbers
+agree with each other; the streamed weights leave out only an untied embedding table."""
+
+from __future__ import annotations
+
+from mlx.utils import tree_flatten
+
+from edgespec import doctor
+
+
+def test_streamed_bytes_counts_a_tied_table_once_and_skips_an_untied_one(tiny_models):
+    tied, untied = tiny_models.load(), tiny_models.load(tie=False)
+    for target in (tied, untied):
+        params = dict(tree_flatten(target.model.parameters()))
+        table = params["model.embed_tokens.weight"].nbytes
+        total = sum(v.nbytes for v in params.values())
+        expected = total - table if target is untied else total
+        assert doctor.streamed_bytes(target) == expected
+
+
+def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
+    monkeypatch.setattr(doctor, "stream_bandwidth", lambda: 8.0e9)  # the measure itself: below
+    f = doctor.run_doctor(str(tiny_models.path()))
+    assert f["bandwidth_gb_s"] == 8.0
+    weight_bytes = doctor.streamed_bytes(tiny_models.load())
+    assert f["bandwidth_limit_tok_s"] == round(8.0e9 / weight_bytes, 2)
+    assert f["plain_decode_tok_s"] > 0 and set(f["forward_ms"]) == {1, 2, 4, 8, 16}
+    text = doctor.format_findings(f)
+    assert "8.0 GB/s read (all cores)" in text
+    share = round(100 * f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"])
+    assert f"plain decoding reaches {share}% of it" in text
+    assert "kernels" in text and "BLAS" in text
+
+
+def test_stream_bandwidth_is_a_plausible_memory_speed():
+    gb_s = doctor.stream_bandwidth(mib=64, repeats=3) / 1e9
+    assert 0.2 < gb_s < 2000  # any real machine; a unit slip (bits, MiB) would land outside
