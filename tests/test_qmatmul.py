@@ -2,7 +2,7 @@
 
 Tolerance (stated in kernels/qmatmul.py): per output within 1e-5 * sum_k |x_k w_k| of the
 twin, w the dequantized weights. Skips like tests/test_kernels.py where the extension cannot be
-built; the AVX-512 code is checked where the CPU has it, the plain C++ code everywhere.
+built; the AVX-512 and AVX2 code is checked where the CPU has it, the plain C++ code everywhere.
 """
 
 from __future__ import annotations
@@ -48,14 +48,24 @@ def test_kernel_equals_twin(mod, m, n, groups, group_size, bits, seed):  # noqa:
     k = groups * group_size
     q = _quantized(rng, n, k, group_size, bits)
     x = mx.array(rng.standard_normal((m, k), dtype=np.float32))
-    _close(quantized_small_matmul_native(x, *q, group_size, bits), x, q, group_size, bits)
+    before = mod.isa()
+    try:
+        for isa in _isas(mod):
+            mod.set_isa(isa)
+            _close(quantized_small_matmul_native(x, *q, group_size, bits), x, q, group_size, bits)
+    finally:
+        mod.set_isa(before)
+
+
+def _isas(mod):
+    return [i for i in ("avx512", "avx2", "generic") if i in mod.supported_isas().split(",")]
 
 
 def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
     rng = np.random.default_rng(1)
     before = mod.isa()
     try:
-        for isa in [i for i in ("avx512", "generic") if i in mod.supported_isas().split(",")]:
+        for isa in _isas(mod):
             mod.set_isa(isa)
             for bits in (4, 8):
                 q = _quantized(rng, 3001, 576, 64, bits)  # threaded: many chunks, a ragged one
@@ -79,7 +89,7 @@ def test_bad_layouts_raise_kernel_error(mod):  # noqa: F811
 
 def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     """``matmul.linear`` sends affine quantized heads (tied embedding or linear) to the kernel
-    on AVX-512 CPUs, and gives what the module gives."""
+    on AVX-512 and AVX2 CPUs, and gives what the module gives."""
     calls = []
     real = mod.quantized_small_matmul
     monkeypatch.setattr(mod, "quantized_small_matmul", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -89,7 +99,7 @@ def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     qlin = nn.QuantizedLinear.from_linear(nn.Linear(128, 50, bias=False), group_size=32, bits=8)
     for module, want in ((qemb, qemb.as_linear(x)), (qlin, qlin(x))):
         assert mx.allclose(linear(module, x), want, rtol=1e-4, atol=1e-3).item()
-    expect = 2 if mod.isa() == "avx512" else 0
+    expect = 2 if mod.isa() in ("avx512", "avx2") else 0
     assert len(calls) == expect
     backend.set_native_enabled(False)
     try:

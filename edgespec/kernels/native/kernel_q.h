@@ -19,6 +19,9 @@ void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int
 void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                   int64_t K, int64_t gs, int64_t n0, int64_t n1);
+void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
+                const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                int64_t K, int64_t gs, int64_t n0, int64_t n1);
 #endif
 
 }  // namespace edgespec_native

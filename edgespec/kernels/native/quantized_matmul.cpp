@@ -34,7 +34,7 @@ void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int
 namespace {
 
 struct QJob {
-  bool avx512;
+  int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
   const float* x;
   int64_t ldx;
@@ -50,9 +50,12 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const QJob& j = *static_cast<const QJob*>(ctx);
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
-  if (j.avx512)
+  if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
                         j.gs, n0, n1);
+  if (j.isa == 1)
+    return qrows_avx2(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
+                      j.gs, n0, n1);
 #endif
   qrows_generic(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs,
                 n0, n1);
@@ -104,7 +107,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512", bits_, x.data<float>(), int64_t(x.shape(1)),
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
