@@ -13,6 +13,7 @@ Adding a method is one file under ``drafters/`` plus one entry (and its builder)
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -163,13 +164,31 @@ def _medusa(spec, target, sampling, draft):
                          nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
 
 
-_loaded_heads: dict[tuple, tuple] = {}
+# Per target (weakly: a target's heads go with it), per head folder (path, config mtime):
+# the loaded (config, module), and the configs alone for ``heads_for``, which only needs a
+# head's kind and fit (its module is not shared with a drafter that may run on another thread).
+_loaded_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_head_configs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _head_key(path) -> tuple:
+    return str(path.resolve()), (path / "config.json").stat().st_mtime_ns
+
+
+def _head_dir(path, kind: str):
+    from pathlib import Path
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"head {str(path)!r} is not a head directory (it has no config.json); "
+                          f"`edgespec train {kind}` writes one")
+    return path
 
 
 def load_head_for(spec, target, kind: str):
     """(path, module) of ``spec.head``, else of the head ``find_head`` finds for ``target``;
     ConfigError naming the model and ``edgespec train`` when there is none. Loaded once per
-    (path, modification time, target)."""
+    (path, modification time) and target."""
     from ..heads import find_head, load_head
 
     path = spec.head if spec.head is not None else find_head(target, kind)
@@ -178,16 +197,13 @@ def load_head_for(spec, target, kind: str):
             f"method {kind!r} needs a trained {kind} head and none was found for model "
             f"{target.name}: pass --head PATH, or train one with `edgespec train {kind} --model "
             f"{target.path or target.name} --out DIR`")
-    from pathlib import Path
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"head {str(path)!r} is not a head directory (it has no config.json); "
-                          f"`edgespec train {kind}` writes one")
-    key = (str(path.resolve()), (path / "config.json").stat().st_mtime_ns, id(target))
-    if key not in _loaded_heads:
-        _loaded_heads[key] = load_head(path, target)
-    config, module = _loaded_heads[key]
+    path = _head_dir(path, kind)
+    loaded = _loaded_heads.setdefault(target, {})
+    key = _head_key(path)
+    if key not in loaded:
+        loaded[key] = load_head(path, target)
+        _head_configs.setdefault(target, {})[key] = loaded[key][0]
+    config, module = loaded[key]
     if config.kind != kind:
         raise ConfigError(f"head {str(path)!r} is a {config.kind} head; method {kind!r} "
                           f"needs a {kind} head")
@@ -196,15 +212,19 @@ def load_head_for(spec, target, kind: str):
 
 def heads_for(target, head: str | None = None) -> frozenset[str]:
     """The methods needing a head that can run on ``target``: the kind of ``head`` when one is
-    given (a head directory), else each kind ``find_head`` finds a head of."""
+    given (a head directory; HeadError when it does not fit the target), else each kind
+    ``find_head`` finds a head of."""
     from ..heads import find_head
+    from ..heads.formats import load_head
 
     kinds = [m.name for m in METHODS if m.needs_head]
     if head is not None:
-        from ..heads.formats import load_head
-
-        config, _ = load_head(head, target)  # HeadError when it does not fit the target
-        return frozenset(k for k in kinds if k == config.kind)
+        path = _head_dir(head, "eagle3 or medusa")
+        configs = _head_configs.setdefault(target, {})
+        key = _head_key(path)
+        if key not in configs:
+            configs[key] = load_head(path, target)[0]
+        return frozenset(k for k in kinds if k == configs[key].kind)
     return frozenset(k for k in kinds if find_head(target, k) is not None)
 
 
