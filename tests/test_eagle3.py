@@ -13,6 +13,7 @@ from edgespec import Engine
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.heads import Eagle3Head, HeadConfig
 from edgespec.targets.cost import CostCurve
+from edgespec.tree import DraftTree
 
 from .tiny import KINDS
 
@@ -158,3 +159,44 @@ def test_plain_decoding_captures_nothing(target, monkeypatch):
     monkeypatch.setattr(type(target), "score", spy)
     Engine(target).generate(PROMPTS[0], max_tokens=4)
     assert calls and all(tuple(c) == () for c in calls)
+
+
+class Alternating(Eagle3Drafter):
+    """Proposes only every third step (an empty tree otherwise, as ``auto`` gives an arm it did
+    not choose); counts the head forwards each update makes."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.steps, self.update_forwards = 0, []
+        real = self.head.step
+
+        def counted(*args, **kwargs):
+            self.forwards += 1
+            return real(*args, **kwargs)
+
+        self.forwards = 0
+        self.head.step = counted
+
+    def propose(self, budget):
+        self.steps += 1
+        if self.steps % 3:
+            return DraftTree.chain(self.history[-1], [])
+        return super().propose(budget)
+
+    def update(self, accepted, tree, target_out):
+        before = self.forwards
+        super().update(accepted, tree, target_out)
+        self.update_forwards.append((tree is not None and tree.num_drafted > 0, self.forwards - before))
+
+
+def test_steps_of_another_drafter_are_fed_in_one_go_when_it_next_proposes(target):
+    ids = Engine(target).encode(PROMPTS[0])
+    plain = Engine(target).generate(ids, max_tokens=30)
+    drafter = Alternating(target, OracleHead(target, ids + plain.token_ids), None, nodes=3)
+    res = Engine(target, drafter).generate(ids, max_tokens=30)
+    assert res.token_ids == plain.token_ids
+    drafted = [s for s in res.steps if s.proposed]
+    assert len(drafted) >= 3 and all(s.accepted == s.proposed for s in drafted[:-1])
+    # an update after another drafter's step runs no head forward; one after its own does
+    assert {n for own, n in drafter.update_forwards if not own} == {0}
+    assert all(n > 0 for own, n in drafter.update_forwards if own)

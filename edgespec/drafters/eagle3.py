@@ -18,7 +18,9 @@ verify-cost curve, each node's acceptance probability being its calibrated path 
 
 ``update`` feeds the pairs of the accepted path (the true features of the root and accepted
 nodes, each with the token that followed it) and learns the calibration from which tried nodes
-were accepted. Children are deterministic top-k proposals (no ``q``): lossless under greedy and
+were accepted. After a step another drafter proposed (``auto``'s other arms), the pairs wait in
+``pending`` and go through the head in one forward when this drafter next proposes (or after
+``_CHUNK`` tokens): an arm that is not chosen costs almost nothing per step. Children are deterministic top-k proposals (no ``q``): lossless under greedy and
 sampling alike through ``verify.accept``.
 
 With prefix reuse the engine scores only the prompt's tail; the drafter keeps the pairs and
@@ -70,6 +72,7 @@ class Eagle3Drafter(Drafter):
         self.feats: list[mx.array] = []  # fused features of positions feat_base.. in chunks
         self.feat_base = 0
         self.last: tuple[mx.array, mx.array] | None = None  # last pair's (out, logits) row
+        self.pending: list[tuple[mx.array, list[int]]] = []  # pairs not yet fed to the head
         self._tree: DraftTree | None = None
         self._confidence: np.ndarray | None = None
 
@@ -105,8 +108,17 @@ class Eagle3Drafter(Drafter):
     def _embed(self, tokens) -> mx.array:
         return self.target.model.embed(mx.array(tokens, dtype=mx.int32))
 
+    def _flush(self) -> None:
+        """Feed the pending pairs in one go (their features are already in ``feats``)."""
+        if self.pending:
+            h = mx.concatenate([h for h, _ in self.pending])
+            tokens = [t for _, ts in self.pending for t in ts]
+            self.pending = []
+            self._feed(h, tokens)
+
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig | None = None) -> None:
+        self.pending = []  # the pairs are fed below from ``feats``, from the cache's end on
         rows = target_out.captured[self.target_features[0]].shape[0] if target_out else 0
         start = len(tokens) - 1 - rows  # prompt positions the engine did not score (reused)
         new = self._fused(target_out) if rows else mx.zeros((0, self.target.args.hidden_size))
@@ -137,7 +149,10 @@ class Eagle3Drafter(Drafter):
     def propose(self, budget: int) -> DraftTree:
         root = self.history[-1]
         self._tree = None
-        if budget <= 0 or self.last is None:
+        if budget <= 0:
+            return DraftTree.chain(root, [])
+        self._flush()
+        if self.last is None:
             return DraftTree.chain(root, [])
         t0 = time.perf_counter()
         n_true = self.cache.offset
@@ -212,13 +227,17 @@ class Eagle3Drafter(Drafter):
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         t0 = time.perf_counter()
         path = accepted.path
-        if tree is self._tree and tree.num_drafted:
+        mine = tree is self._tree
+        if mine and tree.num_drafted:
             self.calibration.observe_tree(tree, self._confidence, path)
         self._tree = None
         h = self._fused(target_out, mx.array(path))
         self.feats.append(h)
-        self._feed(h, accepted.tokens)
+        self.pending.append((h, accepted.tokens))
         self.history.extend(accepted.tokens)
+        if not mine and sum(len(ts) for _, ts in self.pending) < _CHUNK:
+            return  # another drafter's step: fed when this one next proposes
+        self._flush()
         mx.eval(self.last)
         ms = (time.perf_counter() - t0) * 1e3
         self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms
