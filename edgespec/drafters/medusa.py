@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..heads.medusa import target_lm_head
+from ..kernels.matmul import linear
 from ..targets.cost import CostCurve
 from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, subtree
@@ -96,7 +96,9 @@ class MedusaDrafter(Drafter):
         self.shape = tuple(shape or _recipe_shape(recipe_dir, curve, k) or DEFAULT_SHAPE)[:k]
         self.parents, self.depth, self.rank = product_tree(self.shape)
         self.nodes, self.max_nodes = nodes, min(max_nodes, 63)
-        self.lm_head = None if heads.config.own_lm_head else target_lm_head(target)
+        m = target.model  # the shared LM head: the tied embedding or the target's lm_head
+        self.lm_head = None if heads.config.own_lm_head else (
+            m.model.embed_tokens if m.args.tie_word_embeddings else m.lm_head)
         self.calibration = Calibration()
         self.draft_ms = 0.0
         self.reset()
@@ -126,12 +128,17 @@ class MedusaDrafter(Drafter):
         t0 = time.perf_counter()
         depth = min(len(self.shape), budget)
         normed = self.target.model.model.norm(self.hidden)
-        logits = self._logits(normed, depth)  # (depth, V)
-        p = mx.softmax(logits.astype(mx.float32), axis=-1)
+        logits = self._logits(normed, depth).astype(mx.float32)  # (depth, V)
         widest = max(self.shape[:depth])
-        top = mx.argsort(-p, axis=-1)[:, :widest]
-        top_p = np.array(mx.take_along_axis(p, top, axis=-1))
-        top = np.array(top)
+        # each head's best ``widest`` tokens, best first, and their probabilities: a partition
+        # and a log-sum-exp over the vocabulary rather than a full softmax and sort
+        best = mx.argpartition(-logits, widest - 1, axis=-1)[:, :widest]
+        vals = mx.take_along_axis(logits, best, axis=-1)
+        order = mx.argsort(-vals, axis=-1)
+        top = mx.take_along_axis(best, order, axis=-1)
+        top_p = mx.exp(mx.take_along_axis(vals, order, axis=-1)
+                       - mx.logsumexp(logits, axis=-1, keepdims=True))
+        top, top_p = np.array(top), np.array(top_p)
         n = sum(1 for d in self.depth if d <= depth)  # nodes of the first ``depth`` levels
         tokens = [root] + [int(top[self.depth[u] - 1, self.rank[u]]) for u in range(1, n)]
         conf = np.array([1.0] + [top_p[self.depth[u] - 1, self.rank[u]] for u in range(1, n)])
@@ -150,7 +157,7 @@ class MedusaDrafter(Drafter):
         heads = self.heads.heads[:depth]
         if self.lm_head is None:
             return mx.concatenate([head(normed, None) for head in heads])
-        return self.lm_head(mx.concatenate([_blocks(head, normed) for head in heads]))
+        return linear(self.lm_head, mx.concatenate([_blocks(head, normed) for head in heads]))
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if tree is self._tree and tree.num_drafted:
