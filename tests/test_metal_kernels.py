@@ -259,3 +259,30 @@ def test_real_metal_kernels_match_the_twins():
         keys = mx.array(rng.standard_normal((1, 2, 40, 16)).astype(np.float32))
         got = gather_rows_kernel(keys, keys, 5, [0, 3, 4], "metal")
         assert mx.array_equal(got[0], gather_rows_twin(keys, keys, 5, [0, 3, 4])[0]).item()
+
+
+# --- the backend's choice ---------------------------------------------------------------------
+
+def test_the_backend_chooses_and_says_why(monkeypatch):
+    from edgespec.kernels.backend import metal_available, metal_kernels, metal_summary, set_metal_kernels
+
+    set_metal_kernels(None)
+    try:
+        monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "emulate")
+        assert metal_kernels() == "emulate" and "emulated" in metal_summary()
+        monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "off")
+        assert metal_kernels() == "off" and "EDGESPEC_METAL_KERNELS=off" in metal_summary()
+        monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "auto")
+        assert metal_kernels() == ("metal" if metal_available() else "off")
+        if not mx.metal.is_available():
+            assert metal_summary().startswith("off (no Metal device")
+        set_metal_kernels("emulate")  # the setter wins over the environment
+        assert metal_kernels() == "emulate"
+        set_metal_kernels(None)
+        monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "on")
+        with pytest.raises(KernelError, match="'on' is not one of auto, emulate, off"):
+            metal_kernels()
+        with pytest.raises(KernelError, match="'fast'"):
+            set_metal_kernels("fast")
+    finally:
+        set_metal_kernels(None)
