@@ -204,6 +204,18 @@ inline T simd_exchange(T v, F combine) {
   yield_to_scheduler();
   return out;
 }
+// max / min over the active lanes, the same for every lane; NaN only when every value is NaN.
+template <typename T, typename Better>
+inline T reduce_ignoring_nan(const T* x, const bool* a, Better better) {
+  bool have = false;
+  T m{};
+  for (unsigned i = 0; i < SIMD_WIDTH; i++) {
+    if (!a[i]) continue;
+    if (!have || m != m || (x[i] == x[i] && better(m, x[i]))) m = x[i];
+    have = true;
+  }
+  return m;
+}
 }  // namespace metal_emu
 
 template <typename T>
@@ -213,13 +225,13 @@ inline T simd_sum(T v) {
 }
 template <typename T>
 inline T simd_max(T v) {
-  return metal_emu::simd_exchange(v, [](const T* x, const bool* a, unsigned lane) {
-    T m = x[lane]; for (unsigned i = 0; i < 32; i++) if (a[i] && x[i] > m) m = x[i]; return m; });
+  return metal_emu::simd_exchange(v, [](const T* x, const bool* a, unsigned) {
+    return metal_emu::reduce_ignoring_nan(x, a, [](T u, T w) { return w > u; }); });
 }
 template <typename T>
 inline T simd_min(T v) {
-  return metal_emu::simd_exchange(v, [](const T* x, const bool* a, unsigned lane) {
-    T m = x[lane]; for (unsigned i = 0; i < 32; i++) if (a[i] && x[i] < m) m = x[i]; return m; });
+  return metal_emu::simd_exchange(v, [](const T* x, const bool* a, unsigned) {
+    return metal_emu::reduce_ignoring_nan(x, a, [](T u, T w) { return w < u; }); });
 }
 template <typename T>
 inline T simd_prefix_exclusive_sum(T v) {
