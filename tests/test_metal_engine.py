@@ -1,8 +1,9 @@
 """The engine with the Metal kernels' code path selected in emulation
 (``EDGESPEC_METAL_KERNELS=emulate``): tree attention inside the target's attention, acceptance
 and KV compaction all run the kernels' source, and greedy output stays token-identical to plain
-decoding (kernels on and off) for a tree drafter, a draft model, prompt lookup and EAGLE-3 with
-a random head, on a plain and a sliding-window model. Seeded sampling commits the same tokens
+decoding (kernels on and off) for a tree drafter (random and decoy trees), EAGLE-3 with a random
+head and every method of the public factory (draft, lookup, lookahead, early-exit, quantized,
+cascade, auto), on a plain and a sliding-window model. Seeded sampling commits the same tokens
 with the kernels as with the numpy rule (both consume the same uniforms).
 """
 
@@ -94,6 +95,24 @@ def test_greedy_output_is_unchanged_with_emulated_kernels(target, emulate):
     # every op ran in its kernel: attention per layer and forward, acceptance, compaction
     assert emulate["tree_attention"] > 0 and emulate["accept_greedy"] > 0
     assert emulate["compact_kv"] > 0 and emulate["accept_sampling"] == 0
+
+
+FACTORY = {"draft": {"draft": "-"}, "lookup": {}, "lookahead": {}, "early-exit": {"exit_layer": 1},
+           "quantized": {"draft_bits": 4}, "cascade": {"draft": "-"}, "auto": {"draft": "-"}}
+
+
+def test_every_public_method_keeps_greedy_output(target, tiny_models, emulate):
+    """The factory's methods (a draft model that partly agrees with the target where one is
+    needed), kernels emulated, against plain decoding with the kernels off."""
+    draft = tiny_models.load(window=target.model.cache_windows()[0], scale=1.3)
+    set_metal_kernels("off")
+    plain = Engine(target).generate(PROMPT, max_tokens=TOKENS).token_ids
+    set_metal_kernels("emulate")
+    for method, kw in FACTORY.items():
+        drafter = make_drafter(SpecConfig(method=method, num_draft=3, **kw), target,
+                               SamplingConfig(), draft=draft)
+        assert Engine(target, drafter).generate(PROMPT, max_tokens=TOKENS).token_ids == plain, method
+    assert emulate["tree_attention"] > 0
 
 
 def test_seeded_sampling_commits_the_same_tokens_with_the_kernels(target, emulate):
