@@ -7,7 +7,8 @@ their keys/values into the N slots after those (``write``) without committing an
 engine (or a drafter, for its own cache) then calls
 
 - ``commit(path)``: keep the accepted tree nodes — one gather moving them to contiguous slots
-  (free for a chain prefix) — and advance ``offset``;
+  (free for a chain prefix; ``gather``, when given, fetches the rows: the target's caches use
+  ``kernels/compact.py``, a Metal kernel where those run) — and advance ``offset``;
 - ``trim(n)``: forget the last ``n`` committed tokens (O(1)).
 
 **Cache policy per layer.** ``window`` is None (every layer attends to everything), one int
@@ -34,13 +35,14 @@ _STEP = 256
 
 class KVCache:
     def __init__(self, num_layers: int, window: int | None | Sequence[int | None] = None,
-                 rollback: int = 64):
+                 rollback: int = 64, gather=None):
         windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
         if len(windows) != num_layers:
             raise ValueError(f"window has {len(windows)} entries for {num_layers} layers")
         self.num_layers = num_layers
         self.windows: tuple[int | None, ...] = tuple(windows)
         self.rollback = rollback
+        self.gather = gather  # (keys, values, first, path) -> the rows first + path[j]
         self.keys: list[mx.array | None] = [None] * num_layers
         self.values: list[mx.array | None] = [None] * num_layers
         self.starts = [0] * num_layers  # absolute position held in slot 0, per layer
@@ -116,9 +118,13 @@ class KVCache:
         if path is not None and path != list(range(n)):
             for i in range(self.num_layers):
                 a = self.slots(i)
-                idx = mx.array([a + j for j in path])
-                self.keys[i][..., a : a + n, :] = self.keys[i][..., idx, :]
-                self.values[i][..., a : a + n, :] = self.values[i][..., idx, :]
+                if self.gather is not None:
+                    k, v = self.gather(self.keys[i], self.values[i], a, path)
+                else:
+                    idx = mx.array([a + j for j in path])
+                    k, v = self.keys[i][..., idx, :], self.values[i][..., idx, :]
+                self.keys[i][..., a : a + n, :] = k
+                self.values[i][..., a : a + n, :] = v
         self.offset += n
         self._scratch = 0
 

@@ -1,7 +1,8 @@
 """``edgespec doctor``: is this machine set up for speculation to pay?
 
 Reports the backend and device, the BLAS that serves float32 matmuls, which native CPU kernels
-are active (or why none are: not built, stale, turned off, not on the CPU), and two measurements on a
+are active (or why none are: not built, stale, turned off, not on the CPU), which Metal kernels
+are active (or why not: no Metal device, turned off; emulated when asked), and two measurements on a
 model: the cost of a target forward over 1, 2, 4, 8 and 16 tokens after a 128-token context
 (speculation lives in the regime where 8 tokens cost little more than 1) and the speed of plain
 decoding. Medians of repeated runs.
@@ -26,7 +27,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
-from .kernels.backend import native_summary
+from .kernels.backend import metal_summary, native_summary
 from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
@@ -89,6 +90,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "blas": {"name": info.name, "status": info.status, "path": info.path,
                  "provider": info.provider, "loaded_at_import": BLAS.name},
         "native_kernels": native_summary(),
+        "metal_kernels": metal_summary(),
         "model": target.name, "dtype": target.dtype, "layers": target.num_layers,
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
@@ -109,6 +111,7 @@ def format_findings(f: dict) -> str:
         f"BLAS       {b['name']} [{b['status']}] {b['provider'] or ''}"
         + ("" if ok_blas else "  <- reference BLAS: install OpenBLAS or MKL (scripts/setup.sh)"),
         f"kernels    {f['native_kernels']}",
+        f"metal      {f['metal_kernels']}",
         f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}",
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"

@@ -51,8 +51,14 @@ def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index from a probability vector by inverting its CDF."""
+    return sample_at(p, rng.random())
+
+
+def sample_at(p: np.ndarray, u: float) -> int:
+    """The index where the CDF of ``p`` (not necessarily normalised) first exceeds ``u`` times
+    its total: a draw from ``p`` when ``u`` is uniform in [0, 1)."""
     cdf = np.cumsum(p)
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     return min(i, len(p) - 1)
 
 

@@ -13,6 +13,11 @@ the committed tokens (accepted drafts followed by one token chosen by the target
   ``q``). A deterministic child (no ``q``) is a one-hot proposal: accepted with probability
   ``p(x)``, and on rejection ``p <- norm(p with x removed)``. Either way every committed token is
   distributed exactly as the target's (filtered) distribution.
+- :func:`verify_sampling_uniforms` — the same rule given the uniforms: ``u[c]`` decides child
+  ``c``'s accept test (each node is tested at most once), ``u[0]`` draws the bonus token by
+  inverting the residual's CDF. ``verify_sampling`` draws ``u`` (N uniforms) from its generator
+  first, so the host rule and the device kernel (``kernels/accept.py``) can be given the same
+  draws. Distinct tests use distinct uniforms, so the rule stays lossless.
 
 :func:`accept` applies the rule a :class:`SamplingConfig` calls for to a forward's logits; the
 engine and the cascade's inner step both verify through it.
@@ -26,7 +31,9 @@ import mlx.core as mx
 import numpy as np
 
 from .config import SamplingConfig
-from .sampling import probs, sample
+from .kernels.accept import accept_greedy, accept_sampling
+from .kernels.backend import metal_kernels
+from .sampling import probs, sample_at
 from .tree import DraftTree
 
 
@@ -47,13 +54,26 @@ def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.rando
     filtered distributions of ``logits`` (N, V), padded to ``width`` columns when given.
 
     Returns the outcome and, when sampling, the distributions ``p`` (N, width or V) it used.
+    Where ``kernels.backend.metal_kernels`` runs the Metal kernels (a Mac's GPU, or emulation
+    when asked), the walk runs in ``kernels/accept.py``'s kernels on the same inputs.
     """
+    mode = metal_kernels()
     if cfg.greedy:
-        return verify_greedy(tree, np.array(mx.argmax(logits, axis=-1))), None
+        argmax = mx.argmax(logits, axis=-1)
+        if mode != "off":
+            return _accepted(tree, *accept_greedy(tree.parents, tree.tokens, argmax, mode)), None
+        return verify_greedy(tree, np.array(argmax)), None
     p = probs(np.array(logits.astype(mx.float32)), cfg)
     if width and p.shape[1] < width:
         p = np.pad(p, ((0, 0), (0, width - p.shape[1])))
+    if mode != "off":  # the same uniforms verify_sampling draws
+        return _accepted(tree, *accept_sampling(tree.parents, tree.tokens, p, tree.q,
+                                                rng.random(len(tree)), mode)), p
     return verify_sampling(tree, p, rng), p
+
+
+def _accepted(tree: DraftTree, path: list[int], bonus: int) -> Accepted:
+    return Accepted(path, [tree.tokens[i] for i in path[1:]] + [bonus])
 
 
 def verify_greedy(tree: DraftTree, argmax: np.ndarray) -> Accepted:
@@ -71,6 +91,12 @@ def verify_greedy(tree: DraftTree, argmax: np.ndarray) -> Accepted:
 
 def verify_sampling(tree: DraftTree, p: np.ndarray, rng: np.random.Generator) -> Accepted:
     """Lossless (sampling). ``p[u]`` is the target's filtered distribution after node ``u``."""
+    return verify_sampling_uniforms(tree, p, rng.random(len(tree)))
+
+
+def verify_sampling_uniforms(tree: DraftTree, p: np.ndarray, uniforms: np.ndarray) -> Accepted:
+    """``verify_sampling`` given its uniforms: ``uniforms[c]`` for child ``c``'s accept test,
+    ``uniforms[0]`` for the bonus draw."""
     u, path = 0, [0]
     while True:
         residual = p[u]
@@ -79,21 +105,21 @@ def verify_sampling(tree: DraftTree, p: np.ndarray, rng: np.random.Generator) ->
         for c in tree.children(u):
             x = tree.tokens[c]
             if q_u is None:
-                accept, residual = _try_one_hot(residual, x, rng)
+                accept, residual = _try_one_hot(residual, x, uniforms[c])
             else:
-                accept, residual = _try_sampled(residual, q_u, x, rng)
+                accept, residual = _try_sampled(residual, q_u, x, uniforms[c])
             if accept:
                 chosen = c
                 break
         if chosen is None:
             drafts = [tree.tokens[i] for i in path[1:]]
-            return Accepted(path, drafts + [sample(residual, rng)])
+            return Accepted(path, drafts + [sample_at(residual, uniforms[0])])
         u = chosen
         path.append(u)
 
 
-def _try_one_hot(p: np.ndarray, x: int, rng: np.random.Generator) -> tuple[bool, np.ndarray]:
-    if rng.random() < p[x]:
+def _try_one_hot(p: np.ndarray, x: int, u: float) -> tuple[bool, np.ndarray]:
+    if u < p[x]:
         return True, p
     rest = p.copy()
     rest[x] = 0.0
@@ -101,12 +127,11 @@ def _try_one_hot(p: np.ndarray, x: int, rng: np.random.Generator) -> tuple[bool,
     return False, (rest / total if total > 0 else p)
 
 
-def _try_sampled(p: np.ndarray, q: np.ndarray, x: int,
-                 rng: np.random.Generator) -> tuple[bool, np.ndarray]:
+def _try_sampled(p: np.ndarray, q: np.ndarray, x: int, u: float) -> tuple[bool, np.ndarray]:
     if q[x] <= 0.0:
         # Cannot happen for a token really drawn from q; treat it as a one-hot proposal.
-        return _try_one_hot(p, x, rng)
-    if rng.random() * q[x] < p[x]:
+        return _try_one_hot(p, x, u)
+    if u * q[x] < p[x]:
         return True, p
     rest = np.maximum(p - q, 0.0)
     total = rest.sum()

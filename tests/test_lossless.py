@@ -208,6 +208,7 @@ def forget_the_residual(tree, p, rng) -> Accepted:
 def test_the_check_rejects_a_lossy_rule(setup, monkeypatch, rule, method):
     target, draft, ids = setup
     sampling = SamplingConfig(**CFG)
+    monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "off")  # the host rule, which is what is replaced
     monkeypatch.setattr(edgespec.verify, "verify_sampling", rule)
     pvalue, _, _, _ = run_check(Engine(target, DRAFTERS[method](target, draft, sampling), sampling), ids)
     assert pvalue < ALPHA / 100

@@ -17,15 +17,18 @@ import mlx.core as mx
 import numpy as np
 
 from .backend import on_cpu
+from .tree_mask import TreeMask
 
 
 def prepare(positions, mask):
     """Normalise a forward's ``positions`` (int or per-node array) to an int32 array and a
-    boolean ``mask`` to the additive form ``attend`` uses; idempotent."""
+    boolean ``mask`` to the additive form ``attend`` uses (a ``TreeMask`` stays); idempotent."""
     if isinstance(positions, (int, np.integer)):
         positions = mx.array(int(positions), dtype=mx.int32)
     elif isinstance(positions, np.ndarray):
         positions = mx.array(positions.astype(np.int32))
+    if isinstance(mask, TreeMask):
+        return positions, mask
     if isinstance(mask, np.ndarray):
         mask = mx.array(mask)
     if mask is not None and mask.dtype == mx.bool_ and on_cpu():
@@ -36,8 +39,12 @@ def prepare(positions, mask):
 def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
            softcap: float | None = None) -> mx.array:
     """Softmax attention of q (B, H, N, D) over k/v (B, H_kv, T, D) with an optional mask
-    (boolean "may attend", or additive) broadcastable to (N, T). ``softcap``: scores become
+    (boolean "may attend", or additive) broadcastable to (N, T), or a ``TreeMask`` (the tree
+    attention op: ``tree_attention.py``). ``softcap``: scores become
     ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's attention logit capping)."""
+    if isinstance(mask, TreeMask):
+        from .tree_attention import tree_attention  # it attends through this module (its twin)
+        return tree_attention(q, k, v, scale, mask, softcap)
     cpu = on_cpu()
     if not cpu and softcap is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)

@@ -81,3 +81,56 @@ def native_summary() -> str:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
             f", quantized_small_matmul (4/8-bit), {st.reason}")
+
+
+# ---- the Metal kernels (kernels_metal/: tree attention, acceptance, KV compaction) -------------
+METAL_MODES = ("auto", "emulate", "off")
+_metal_mode: list[str | None] = [None]  # set_metal_kernels' override of EDGESPEC_METAL_KERNELS
+
+
+def set_metal_kernels(mode: str | None) -> None:
+    """Override ``EDGESPEC_METAL_KERNELS`` for this process (None: back to the environment)."""
+    if mode is not None and mode not in METAL_MODES:
+        raise KernelError(f"Metal kernel mode {mode!r} is not one of {', '.join(METAL_MODES)}")
+    _metal_mode[0] = mode
+
+
+def metal_mode() -> str:
+    """The requested mode: the override, else ``EDGESPEC_METAL_KERNELS``, else ``auto``."""
+    import os
+
+    mode = _metal_mode[0] or os.environ.get("EDGESPEC_METAL_KERNELS", "auto") or "auto"
+    if mode not in METAL_MODES:
+        raise KernelError(f"EDGESPEC_METAL_KERNELS={mode!r} is not one of {', '.join(METAL_MODES)}")
+    return mode
+
+
+def metal_available() -> bool:
+    return mx.metal.is_available() and mx.default_device() == mx.gpu
+
+
+def metal_kernels() -> str:
+    """Which implementation of the tree-verification ops runs: ``metal`` (auto on a Mac's GPU),
+    ``emulate`` (the kernels' source on the CPU, requested), or ``off`` (the pure-MLX twins and
+    the engine's dense-mask path, unchanged)."""
+    mode = metal_mode()
+    if mode == "emulate":
+        return "emulate"
+    if mode == "auto" and metal_available():
+        return "metal"
+    return "off"
+
+
+def metal_summary() -> str:
+    """One line for ``edgespec doctor``: which Metal kernels are active here, and why."""
+    names = "tree_attention, accept_greedy, accept_sampling, compact_kv"
+    mode, active = metal_mode(), metal_kernels()
+    if active == "metal":
+        return f"active ({names}) on {mx.default_device()}"
+    if active == "emulate":
+        return f"emulated on the CPU ({names}; EDGESPEC_METAL_KERNELS=emulate: slow, for tests)"
+    if mode == "off":
+        return "off (EDGESPEC_METAL_KERNELS=off): the pure-MLX twins run"
+    if mx.metal.is_available():
+        return f"off (Metal is there but the default device is {mx.default_device()})"
+    return "off (no Metal device; the kernels' source is emulated in the tests)"

@@ -17,6 +17,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import KVCache
+from ..kernels.backend import metal_kernels
+from ..kernels.compact import gather_rows
+from ..kernels.tree_mask import MAX_NODES, tree_mask
 from ..loading.tokenizer import Tokenizer
 from ..tree import DraftTree, attention_mask, chain_mask
 from .decoder import Decoder, DecoderArgs
@@ -55,7 +58,7 @@ class Target:
         layer's window from the model's cache policy."""
         windows = self.model.cache_windows()
         layers = range(self.num_layers) if layers is None else layers
-        return KVCache(len(layers), window=[windows[i] for i in layers])
+        return KVCache(len(layers), window=[windows[i] for i in layers], gather=gather_rows)
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Final norm + LM head over hidden states (..., H) of the last layer."""
@@ -91,13 +94,19 @@ class Target:
 
 def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
     """One mask per cache slot, built once per distinct (window, oldest entry): the chain's or
-    the tree's ancestors-only mask over the keys that slot's layer holds."""
+    the tree's ancestors-only mask over the keys that slot's layer holds. Where the Metal
+    kernels run (``kernels.backend.metal_kernels``) a forward over at most 64 tokens gets
+    ``TreeMask``s instead (the tree attention kernel computes the mask from them)."""
     groups = cache.mask_groups()
     built: dict[tuple, object] = {}
+    compact = n <= MAX_NODES and metal_kernels() != "off"
     for group in groups:
         if group not in built:
             window, start = group
             keys = np.arange(start, cache.offset)
-            built[group] = (chain_mask(n, keys, cache.offset, window) if tree is None
-                            else attention_mask(tree, keys, cache.offset, window))
+            if compact:
+                built[group] = tree_mask(tree, n, start, cache.offset, window)
+            else:
+                built[group] = (chain_mask(n, keys, cache.offset, window) if tree is None
+                                else attention_mask(tree, keys, cache.offset, window))
     return [built[group] for group in groups]
