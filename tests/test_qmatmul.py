@@ -7,8 +7,11 @@ built; the AVX-512 and AVX2 code is checked where the CPU has it, the plain C++ 
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -108,3 +111,55 @@ def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     finally:
         backend.set_native_enabled(True)
     assert len(calls) == expect
+
+
+def _quantized_copy(src, out):
+    """``src`` (a tiny float model) with its matrices 4-bit quantized, float16 scales/biases as
+    a converted GGUF has them."""
+    import json
+    import shutil
+
+    out.mkdir()
+    weights = {}
+    for k, v in mx.load(str(src / "model.safetensors")).items():
+        if k.endswith(".weight") and v.ndim == 2 and v.shape[1] % 32 == 0:
+            wq, s, b = mx.quantize(v, group_size=32, bits=4)
+            base = k[: -len(".weight")]
+            weights.update({k: wq, f"{base}.scales": s.astype(mx.float16),
+                            f"{base}.biases": b.astype(mx.float16)})
+        else:
+            weights[k] = v
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    (out / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_path, monkeypatch):  # noqa: F811
+    """Kept quantized on the CPU: packed weights, float32 everything else, every product (the
+    prefill's too) through the kernel, and greedy speculation equal to plain decoding."""
+    from edgespec import Engine
+    from edgespec.config import SamplingConfig
+    from edgespec.drafters.registry import make_drafter
+    from edgespec.options import spec_for
+    from edgespec.targets import load_target
+
+    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"), dtype="auto")
+    assert target.quantized
+    layer = target.model.model.layers[0].mlp
+    params = dict(tree_flatten(layer.parameters()))
+    assert {v.dtype for k, v in params.items() if k.endswith((".scales", ".biases"))} == {mx.float32}
+    calls = []
+    real = mod.quantized_small_matmul
+    monkeypatch.setattr(mod, "quantized_small_matmul", lambda *a: calls.append(a[0].shape) or real(*a))
+    prompt = "the cat sat on the mat and the cat sat on the"
+    plain = Engine(target).generate(prompt, max_tokens=24)
+    assert calls and max(math.prod(s[:-1]) for s in calls) > backend.SMALL_M_MAX  # the prefill
+    greedy = SamplingConfig()
+    for method in ("lookup", "lookahead"):
+        engine = Engine(target, make_drafter(spec_for(method, {}), target, greedy), greedy)
+        assert engine.generate(prompt, max_tokens=24).token_ids == plain.token_ids, method

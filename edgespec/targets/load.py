@@ -2,7 +2,9 @@
 into a :class:`Target`, with the dtype policy: float32 on the CPU backend (with an optimized BLAS
 float32 matmuls are memory-bound, which is what speculation needs), the checkpoint's own
 quantization / half precision on Metal and CUDA; ``dtype=`` overrides. Quantized checkpoints
-(mlx-lm's ``quantization`` config) are kept quantized or dequantized to the asked dtype.
+(mlx-lm's ``quantization`` config) are kept quantized or dequantized to the asked dtype; kept
+quantized on the CPU backend, everything but the packed weights is float32 (scales, biases,
+norms, so the activations too), the layout the native quantized kernel takes.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     keep_quantized = quant is not None and dtype == "auto"
     if keep_quantized:
         _quantize_like(model, weights, quant)
+        if mx.default_device() == mx.cpu:  # the packed weights stay; scales, biases, norms and
+            weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v
+                       for k, v in weights.items()}  # activations in float32 (kernels/qmatmul)
     elif quant is not None:
         weights = _dequantize(weights, quant, DTYPES[dtype])
     if not keep_quantized or dtype != "auto":
