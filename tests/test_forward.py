@@ -96,3 +96,27 @@ def test_cpu_attention_matches_mlx_kernel(n, t):
 def test_cpu_silu_matches_mlx():
     x = mx.linspace(-30, 30, 2001)
     np.testing.assert_allclose(np.array(silu(x)), np.array(nn.silu(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def quantized_pair(tiny_models, tmp_path_factory):
+    """A tiny model kept 4-bit, twice: fused (as loaded) and with fusion undone."""
+    from .test_qmatmul import _quantized_copy
+
+    path = _quantized_copy(tiny_models.path(layers=3), tmp_path_factory.mktemp("q") / "m")
+    fused, plain = load_target(path, dtype="auto"), load_target(path, dtype="auto")
+    for block in plain.model.model.layers:
+        block._fused = None
+    return fused, plain
+
+
+@pytest.mark.parametrize("n", [1, 5, COMPILE_MAX_TOKENS + 16])
+def test_quantized_fused_chain_and_tree_match_module_path(quantized_pair, n):
+    fused, plain = quantized_pair
+    assert fused.quantized and all(b._fused is not None for b in fused.model.model.layers)
+    assert type(fused.model.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    ids = [(5 * i + 3) % 200 + 4 for i in range(n)]
+    np.testing.assert_allclose(np.array(_logits(fused, ids)), np.array(_logits(plain, ids)), atol=1e-4)
+    tree = DraftTree([ids[-1], 9, 10, 11, 12, 13], [-1, 0, 0, 1, 1, 3])
+    np.testing.assert_allclose(np.array(_logits(fused, ids + [7], tree)),
+                               np.array(_logits(plain, ids + [7], tree)), atol=1e-4)

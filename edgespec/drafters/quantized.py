@@ -75,6 +75,7 @@ def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Tar
         raise ConfigError(f"no layer of {target.name} has an input width divisible by "
                           f"group_size {group_size} (hidden size {target.args.hidden_size})")
     mx.eval(model.parameters())
+    model.fuse()  # q|k|v and gate|up as one quantized product each, compiled around attention
     return Target(model, target.tokenizer, target.path, target.dtype, quantized=True)
 
 

@@ -2,8 +2,11 @@
 each side of attention as one compiled MLX function.
 
 The four projections go through ``matmul.small_matmul`` (the native small-M kernel where the
-backend chose it, else ``x @ w.T``). Used by pre-norm SiLU blocks
-(``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's per-head q/k RMSNorms) whose weights are float; the module path is the pure-MLX twin
+backend chose it, else ``x @ w.T``), or, for blocks whose six projections are bias-free affine
+``QuantizedLinear`` layers (q/k/v alike and gate/up alike in bits and group size), through
+``qmatmul.quantized_small_matmul`` on the packed weights, concatenated the same way. Used by
+pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's
+per-head q/k RMSNorms); the module path is the pure-MLX twin
 (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
@@ -21,6 +24,9 @@ from .activations import silu
 from .attention import attend, prepare
 from .backend import choice_key, on_cpu
 from .matmul import small_matmul
+from .qmatmul import quantized_small_matmul
+
+_PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
 
 
 def rope(x: mx.array, positions, dims: int, mscale: float = 1.0, **kw) -> mx.array:
@@ -69,27 +75,45 @@ class FusedBlock:
         self.key = (a.h, a.kv, a.d, r.dims, r.mscale, block.input_layernorm.eps, r.traditional,
                     r.base, r.scale,
                     r.freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
-                    a.q_norm.eps if "nq" in weights else None, block.mlp.gate_proj.weight.shape[0])
-        self.pre_args = [weights[n] for n in ("n1", "wqkv", "bqkv", "nq", "nk") if n in weights]
+                    a.q_norm.eps if "nq" in weights else None, block.mlp.gate_proj.weight.shape[0],
+                    _quant_key(block))
+
+        def arrays(names):
+            return [a for n in names if n in weights
+                    for a in (weights[n] if isinstance(weights[n], tuple) else (weights[n],))]
+
+        self.pre_args = arrays(("n1", "wqkv", "bqkv", "nq", "nk"))
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
-        self.post_args = [weights[n] for n in ("wo", "n2", "wgu", "wd", "bgu", "bd") if n in weights]
+        self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
 
     @classmethod
     def build(cls, block) -> FusedBlock | None:
         a, m = block.self_attn, block.mlp
         qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
-        if any(type(lin) is not nn.Linear for lin in (*qkv, *gu, a.o_proj, m.down_proj)):
-            return None  # quantized (or otherwise custom) layers keep the module path
+        layers = (*qkv, *gu, a.o_proj, m.down_proj)
+        quantized = all(type(lin) is nn.QuantizedLinear for lin in layers)
+        if quantized and _quant_key(block) is None:
+            return None  # biases, another mode, or q/k/v (gate/up) quantized unlike each other
+        if not quantized and any(type(lin) is not nn.Linear for lin in layers):
+            return None  # custom layers keep the module path
         if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
             return None  # another activation or q/k norm than the fused functions compute
         if a.softcap is not None:
             return None  # the fused path attends without logit capping
-        if not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
+        if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
+        names = _PACKED if quantized else ("weight",)
+
+        def one(lin):
+            return tuple(lin[n] for n in names) if quantized else lin.weight
+
+        def joined(mods):
+            parts = [mx.concatenate([lin[n] for lin in mods]) for n in names]
+            return tuple(parts) if quantized else parts[0]
+
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
-             "wqkv": mx.concatenate([lin.weight for lin in qkv]), "wo": a.o_proj.weight,
-             "wgu": mx.concatenate([lin.weight for lin in gu]), "wd": m.down_proj.weight}
+             "wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu), "wd": one(m.down_proj)}
         if "bias" in a.q_proj:
             w["bqkv"] = mx.concatenate([lin.bias for lin in qkv])
         if "bias" in m.gate_proj:
@@ -101,13 +125,15 @@ class FusedBlock:
         mx.eval(w)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
+            fused = fused if quantized else (fused,)
             start = 0
             for lin in mods:
                 n = lin.weight.shape[0]
-                lin.weight = fused[start : start + n]
+                for name, array in zip(names, fused):
+                    setattr(lin, name, array[start : start + n])
                 start += n
                 views.append(lin.weight)
-        mx.eval(views)
+        mx.eval([lin[n] for lin in (*qkv, *gu) for n in names])
         return cls(block, w, views)
 
     def current(self, block) -> bool:
@@ -124,17 +150,43 @@ class FusedBlock:
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
 
+def _quant_key(block) -> tuple | None:
+    """(group size, bits) of the q|k|v, o, gate|up and down products of a block whose
+    projections are all bias-free affine QuantizedLinear layers with q/k/v and gate/up alike;
+    None otherwise (a float block, or one the quantized fused path does not take)."""
+    a, m = block.self_attn, block.mlp
+    groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj])
+    key = []
+    for mods in groups:
+        if any(type(lin) is not nn.QuantizedLinear or "bias" in lin or lin.mode != "affine"
+               or "biases" not in lin for lin in mods):
+            return None
+        params = {(lin.group_size, lin.bits) for lin in mods}
+        if len(params) != 1:
+            return None
+        key.append(params.pop())
+    return tuple(key)
+
+
 @lru_cache(maxsize=None)
 def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple):
     # cpu: the silu/attention choice; matmul_choice: small_matmul's (made while tracing)
     h, kv, d, rope_dims, mscale, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, \
-        qk_eps, inter = key
+        qk_eps, inter, quant = key
     nq, nk = h * d, kv * d
+    take = 1 if quant is None else len(_PACKED)
 
-    def pre(x, positions, n1, wqkv, *rest):
+    def project(x, rest: list, which: int):
+        """x @ w.T for the next weight in ``rest`` (float, or packed with its scales/biases)."""
+        ws = [rest.pop(0) for _ in range(take)]
+        if quant is None:
+            return small_matmul(x, ws[0])
+        return quantized_small_matmul(x, *ws, *quant[which])
+
+    def pre(x, positions, n1, *rest):
         rest = list(rest)
         B, N, _ = x.shape
-        y = small_matmul(mx.fast.rms_norm(x, n1, eps), wqkv)
+        y = project(mx.fast.rms_norm(x, n1, eps), rest, 0)
         if bqkv:
             y = y + rest.pop(0)
         q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
@@ -148,15 +200,17 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple
         return (rope(q, positions, rope_dims, mscale, **kw),
                 rope(k, positions, rope_dims, mscale, **kw), v)
 
-    def post(x, attn, wo, n2, wgu, wd, *rest):
+    def post(x, attn, *rest):
         rest = list(rest)
         B, N, _ = x.shape
-        hdn = x + small_matmul(attn.transpose(0, 2, 1, 3).reshape(B, N, -1), wo)
-        g = small_matmul(mx.fast.rms_norm(hdn, n2, eps), wgu)
+        hdn = x + project(attn.transpose(0, 2, 1, 3).reshape(B, N, -1), rest, 1)
+        n2 = rest.pop(0)
+        g = project(mx.fast.rms_norm(hdn, n2, eps), rest, 2)
+        wd = [rest.pop(0) for _ in range(take)]
         if bgu:
             g = g + rest.pop(0)
         gate, up = mx.split(g, [inter], axis=-1)
-        y = small_matmul(silu(gate) * up, wd)
+        y = project(silu(gate) * up, wd, 3)
         if bd:
             y = y + rest.pop(0)
         return hdn + y
