@@ -164,3 +164,16 @@ def test_warm_start_continues_from_a_trained_head(model_dir, data, tmp_path, mon
 def _flat(module):
     from mlx.utils import tree_flatten
     return tree_flatten(module.parameters())
+
+
+def test_without_mlx_lm_the_answers_phase_says_what_to_install(model_dir, data, tmp_path,
+                                                                monkeypatch):
+    import sys
+
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "mlx_lm", None)  # import mlx_lm... raises ImportError
+    monkeypatch.setitem(sys.modules, "mlx_lm.utils", None)
+    code, out = invoke("train", "eagle3", "--model", model_dir, "--data", data,
+                       "--out", tmp_path / "h", *SMALL)
+    assert code != 0 and "needs mlx-lm" in out and "pip install" in out
+    assert "Traceback" not in out

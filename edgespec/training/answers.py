@@ -38,7 +38,8 @@ def load_batch_model(path: Path, dtype=mx.float32) -> nn.Module:
     try:
         from mlx_lm.utils import load_model
     except ImportError:
-        raise ImportError("edgespec train needs mlx-lm: pip install 'edgespec[train]' (or mlx-lm)") from None
+        raise ConfigError("writing training answers needs mlx-lm (its batched generator), which is "
+                          "not installed: pip install -e '.[train]' (or pip install mlx-lm)") from None
     model, _ = load_model(Path(path))
 
     def dequantize(_, module):
