@@ -67,6 +67,13 @@ def use_quantized_small_matmul(m: int, group_size: int, bits: int) -> bool:
     return m >= 1 and bits in (4, 8) and group_size in (32, 64, 128) and native_enabled()
 
 
+def use_native_tree_attention() -> bool:
+    """Whether tree/chain forwards of at most 64 tokens attend through the native kernel
+    (``kernels/tree_attention.py``) on this CPU: one operation per layer instead of the
+    written-out softmax's eight, each of which costs MLX ~20 us to launch here."""
+    return native_enabled() and hasattr(native.load(), "tree_attention")
+
+
 def native_summary() -> str:
     """One line for ``edgespec doctor``: which native kernels are active, or why not."""
     st = native.status()
@@ -80,7 +87,7 @@ def native_summary() -> str:
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
-            f", quantized_small_matmul (4/8-bit), {st.reason}")
+            f", quantized_small_matmul (4/8-bit), tree_attention (<= 64 nodes), {st.reason}")
 
 
 # ---- the Metal kernels (kernels_metal/: tree attention, acceptance, KV compaction) -------------

@@ -3,8 +3,12 @@ the mask given as a :class:`TreeMask` (ancestor bitmask + positions + window) in
 dense matrix.
 
 ``tree_attention(q, k, v, scale, mask, softcap)`` runs where ``backend.metal_kernels`` says: the
-Metal kernel (``kernels_metal/tree_attention.metal``) on a Mac's GPU or in emulation, else the
-pure-MLX twin ``tree_attention_twin`` (``attention.attend`` over ``mask.dense()``).
+Metal kernel (``kernels_metal/tree_attention.metal``) on a Mac's GPU or in emulation; else, on
+the CPU with the native kernels, the C++ kernel (``kernels/native/attention_core.inc``: float32,
+one operation per layer, a node's result independent of the other nodes, as plain decoding
+needs); else the pure-MLX twin ``tree_attention_twin`` (``attention.attend`` over
+``mask.dense()``). The C++ kernel agrees with the twin within 2e-6 relative to max |v|
+(``tests/test_tree_attention_native.py``).
 Shapes: q (1, H, N, D), k/v (1, H_kv, L + N, D) (what ``cache.write`` returns: the L committed
 slots, then the tree's N), H a multiple of H_kv (query head h reads kv head h // (H / H_kv)),
 D <= 256; float32, float16 or bfloat16. The kernel scores and accumulates in float32 with an
@@ -18,7 +22,8 @@ import mlx.core as mx
 import numpy as np
 
 from .attention import attend
-from .backend import KernelError, metal_kernels
+from . import native
+from .backend import KernelError, metal_kernels, use_native_tree_attention
 from .metal import kernel
 from .tree_mask import MAX_NODES, TreeMask
 
@@ -61,9 +66,22 @@ def tree_attention_kernel(q, k, v, scale: float, mask: TreeMask, softcap: float 
     return out
 
 
+def tree_attention_native(q, k, v, scale: float, mask: TreeMask, softcap: float | None = None):
+    """The native CPU kernel, whatever the backend's choice (float32 q, k, v)."""
+    _check(q, k, v, mask)
+    try:
+        anc, qpos = mask.device_arrays
+        return native.load().tree_attention(q, k, v, anc, qpos, mask.key_start, mask.window or 0,
+                                            scale, softcap or 0.0)
+    except ValueError as e:
+        raise KernelError(str(e)) from None
+
+
 def tree_attention(q, k, v, scale: float, mask: TreeMask, softcap: float | None = None):
     """Softmax attention under ``mask``: the kernel where the backend runs it, else the twin."""
     mode = metal_kernels()
     if mode == "off":
+        if q.dtype == mx.float32 and k.dtype == mx.float32 and use_native_tree_attention():
+            return tree_attention_native(q, k, v, scale, mask, softcap)
         return tree_attention_twin(q, k, v, scale, mask, softcap)
     return tree_attention_kernel(q, k, v, scale, mask, softcap, mode)

@@ -10,6 +10,7 @@ twin expands them with ``dense()``, which equals ``tree.attention_mask`` (``test
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +27,11 @@ class TreeMask:
     key_start: int  # absolute position held in key slot 0
     cached: int  # L: cached keys before the tree's own N
     window: int | None
+
+    @cached_property
+    def device_arrays(self) -> tuple[mx.array, mx.array]:
+        """(anc, qpos) as MLX arrays, made once: every layer's kernel call takes the same."""
+        return mx.array(self.anc), mx.array(self.qpos)
 
     @property
     def nodes(self) -> int:

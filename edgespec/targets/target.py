@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import KVCache
-from ..kernels.backend import metal_kernels
+from ..kernels.backend import metal_kernels, use_native_tree_attention
 from ..kernels.compact import gather_rows
 from ..kernels.tree_mask import MAX_NODES, tree_mask
 from ..loading.tokenizer import Tokenizer
@@ -95,11 +95,12 @@ class Target:
 def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
     """One mask per cache slot, built once per distinct (window, oldest entry): the chain's or
     the tree's ancestors-only mask over the keys that slot's layer holds. Where the Metal
-    kernels run (``kernels.backend.metal_kernels``) a forward over at most 64 tokens gets
+    kernels run (``kernels.backend.metal_kernels``), or the native CPU tree attention
+    (``kernels.backend.use_native_tree_attention``), a forward over at most 64 tokens gets
     ``TreeMask``s instead (the tree attention kernel computes the mask from them)."""
     groups = cache.mask_groups()
     built: dict[tuple, object] = {}
-    compact = n <= MAX_NODES and metal_kernels() != "off"
+    compact = n <= MAX_NODES and (metal_kernels() != "off" or use_native_tree_attention())
     for group in groups:
         if group not in built:
             window, start = group

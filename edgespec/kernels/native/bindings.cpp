@@ -5,6 +5,7 @@
 #include "dispatch.h"
 #include "quantized_matmul.h"
 #include "small_matmul.h"
+#include "tree_attention.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -16,6 +17,10 @@ NB_MODULE(_edgespec_native, m) {
   m.def("quantized_small_matmul", &edgespec_native::quantized_small_matmul_op, "x"_a, "wq"_a,
         "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
         "x @ dequantize(wq, scales, biases).T in MLX's affine layout (4 or 8 bits).");
+  m.def("tree_attention", &edgespec_native::tree_attention_op, "q"_a, "k"_a, "v"_a, "anc"_a,
+        "qpos"_a, "key_start"_a, "window"_a, "scale"_a, "softcap"_a,
+        "Softmax attention of <= 64 tree nodes over cached + own keys, masked by an ancestor "
+        "bitmask, positions and a window (0: none); float32, batch 1.");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

@@ -1,0 +1,34 @@
+// Tree attention on the CPU: N <= 64 query nodes (tree or chain) over L cached keys plus the
+// nodes' own N keys, the mask computed from an ancestor bitmask, positions and a window
+// (the layout of kernels/tree_mask.py's TreeMask and kernels/tree_attention.py's op).
+//
+// Contract (every ISA): for each item = h * N + i in [item0, item1): out[h, i, :] = softmax over
+// the keys node i may see of scale * (q[h, i] . k[g, j]) (optionally softcap-ed), applied to
+// v[g, j], with g = h / (H / H_kv). Node i sees cached key j < L when window == 0 or
+// qpos[i] - (key_start + j) < window, and tree key t = j - L when bit t of anc[i] is set (and
+// the window allows qpos[i] - qpos[t]). Keys are visited in index order and a hidden key adds
+// an exact zero, so a node's result does not depend on which other nodes came with it (a
+// verified token gets the bits plain decoding gives it). `scratch` holds S floats.
+#pragma once
+
+#include <cstdint>
+
+namespace edgespec_native {
+
+struct AttnArgs {
+  const float *q, *k, *v;
+  float* out;
+  const uint32_t* anc;  // (N, 2)
+  const int32_t* qpos;  // (N,)
+  int64_t N, S, L, H, Hkv, D, key_start, window;
+  float scale, softcap;  // softcap 0: none
+  int64_t q_h, q_n, k_h, k_t, v_h, v_t;  // strides in floats (the last axis is contiguous)
+};
+
+void attn_items_generic(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);
+#if defined(__x86_64__) || defined(_M_X64)
+void attn_items_avx2(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);
+void attn_items_avx512(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);
+#endif
+
+}  // namespace edgespec_native

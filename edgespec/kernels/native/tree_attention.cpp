@@ -1,0 +1,121 @@
+// See tree_attention.h.
+#include "tree_attention.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention_core.h"
+#include "dispatch.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "pool.h"
+
+namespace edgespec_native {
+
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("tree_attention: " + what);
+}
+
+// Below this many multiply-adds (a decode step over a few hundred keys) one thread does it.
+constexpr int64_t kThreadedMinWork = 256 * 1024;
+
+using AttnFn = void (*)(const AttnArgs&, float*, int64_t, int64_t);
+
+AttnFn attn_fn() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const std::string name = isa();
+  if (name == "avx512") return attn_items_avx512;
+  if (name == "avx2") return attn_items_avx2;
+#endif
+  return attn_items_generic;
+}
+
+struct AttnJob {
+  AttnFn fn;
+  AttnArgs args;
+  float* scratch;  // S floats per chunk
+  int64_t items, per_chunk;
+};
+
+void run_attn_chunk(void* ctx, int64_t chunk) {
+  const AttnJob& j = *static_cast<const AttnJob*>(ctx);
+  const int64_t a = chunk * j.per_chunk;
+  const int64_t b = a + j.per_chunk < j.items ? a + j.per_chunk : j.items;
+  j.fn(j.args, j.scratch + chunk * j.args.S, a, b);
+}
+
+}  // namespace
+
+mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,
+                            const mx::array& anc, const mx::array& qpos, int64_t key_start,
+                            int64_t window, float scale, float softcap) {
+  check(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
+        "q, k and v must be float32");
+  check(anc.dtype() == mx::uint32 && qpos.dtype() == mx::int32, "anc uint32 and qpos int32");
+  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && q.shape(0) == 1 && k.shape(0) == 1 &&
+            k.shape() == v.shape(),
+        "need q (1, H, N, D) and k, v (1, H_kv, S, D) of one shape");
+  const int H = q.shape(1), N = q.shape(2), D = q.shape(3), Hkv = k.shape(1), S = k.shape(2);
+  check(k.shape(3) == D && D <= 256 && Hkv > 0 && H % Hkv == 0, "D <= 256 and H a multiple of H_kv");
+  check(N >= 1 && N <= 64 && S >= N, "1..64 nodes and at least as many keys");
+  check(anc.ndim() == 2 && anc.shape(0) == N && anc.shape(1) == 2 && qpos.ndim() == 1 &&
+            qpos.shape(0) == N,
+        "anc (N, 2) and qpos (N,)");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  if (s.device.type != mx::Device::cpu) s = mx::to_stream(mx::Device::cpu);
+  return mx::array({1, H, N, D}, mx::float32,
+                   std::make_shared<TreeAttention>(s, key_start, window, scale, softcap),
+                   {q, k, v, mx::contiguous(anc, false, s), mx::contiguous(qpos, false, s)});
+}
+
+std::vector<mx::Shape> TreeAttention::output_shapes(const std::vector<mx::array>& in) {
+  return {in[0].shape()};
+}
+
+bool TreeAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const TreeAttention&>(other);
+  return key_start_ == o.key_start_ && window_ == o.window_ && scale_ == o.scale_ &&
+         softcap_ == o.softcap_;
+}
+
+void TreeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2], &anc = inputs[3], &qpos = inputs[4];
+  for (const auto* a : {&q, &k, &v})
+    if (a->strides()[3] != 1 && a->shape(3) > 1)
+      throw std::invalid_argument("tree_attention: the last axis of q, k, v must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  AttnArgs args{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                anc.data<uint32_t>(), qpos.data<int32_t>(),
+                q.shape(2), k.shape(2), k.shape(2) - q.shape(2), q.shape(1), k.shape(1),
+                q.shape(3), key_start_, window_, scale_, softcap_,
+                int64_t(q.strides()[1]), int64_t(q.strides()[2]), int64_t(k.strides()[1]),
+                int64_t(k.strides()[2]), int64_t(v.strides()[1]), int64_t(v.strides()[2])};
+  encoder.dispatch([args, fn = attn_fn()]() {
+    const int64_t items = args.H * args.N;
+    if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
+      std::vector<float> scratch(static_cast<size_t>(args.S));
+      fn(args, scratch.data(), 0, items);
+      return;
+    }
+    int64_t chunks = items < 2 * threads() ? items : 2 * threads();
+    const int64_t per_chunk = (items + chunks - 1) / chunks;
+    chunks = (items + per_chunk - 1) / per_chunk;
+    std::vector<float> scratch(static_cast<size_t>(chunks * args.S));
+    AttnJob job{fn, args, scratch.data(), items, per_chunk};
+    Pool::get().run(run_attn_chunk, &job, chunks);
+  });
+}
+
+void TreeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("EdgespecTreeAttention has no GPU form (the Metal kernel is "
+                           "kernels_metal/tree_attention.metal)");
+}
+
+}  // namespace edgespec_native

@@ -1,0 +1,107 @@
+"""The native CPU tree attention (kernels/tree_attention.py, native/attention_core.inc) against
+its pure-MLX twin, on every ISA this CPU has: random trees and chains of 1..64 nodes, no cached
+key to hundreds, grouped-query ratios 1 and 3, odd head sizes, windows that cut through the
+cache and the tree, logit capping. Tolerance (stated in kernels/tree_attention.py): 2e-6 of
+max |v|. A node's result is bit-identical whatever other nodes come with it (plain decoding and
+verification must agree), and the engine's forwards go through the kernel.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgespec import Engine
+from edgespec.kernels import backend
+from edgespec.kernels import tree_attention as ta
+from edgespec.kernels.tree_mask import tree_mask
+from edgespec.tree import DraftTree
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+
+TOL = 2e-6
+
+
+def _random_tree(rng, n: int) -> DraftTree | None:
+    if n == 1 or rng.random() < 0.3:
+        return None  # a chain
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    return DraftTree(list(range(n)), parents)
+
+
+def _case(rng, n, cached, heads, ratio, d, window, offset_pad=7):
+    q = mx.array(rng.standard_normal((1, heads * ratio, n, d), dtype=np.float32))
+    s = cached + n
+    big = rng.standard_normal((1, heads, s + offset_pad, d), dtype=np.float32)
+    k = mx.array(big)[:, :, :s, :]  # a slice, as cache.write returns it
+    v = mx.array(rng.standard_normal((1, heads, s, d), dtype=np.float32))
+    start = int(rng.integers(0, 50))
+    tree = _random_tree(rng, n)
+    return q, k, v, tree_mask(tree, n, start, start + cached, window)
+
+
+def _isas(m):
+    return [i for i in ("avx512", "avx2", "generic") if i in m.supported_isas().split(",")]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(n=st.sampled_from([1, 2, 5, 17, 64]), cached=st.sampled_from([0, 1, 33, 300]),
+       heads=st.integers(1, 3), ratio=st.sampled_from([1, 3]), d=st.sampled_from([16, 64, 80]),
+       window=st.sampled_from([None, 1, 8, 40]), softcap=st.sampled_from([None, 5.0]),
+       seed=st.integers(0, 2**31 - 1))
+def test_kernel_equals_twin(mod, n, cached, heads, ratio, d, window, softcap, seed):  # noqa: F811
+    rng = np.random.default_rng(seed)
+    q, k, v, mask = _case(rng, n, cached, heads, ratio, d, window)
+    want = np.array(ta.tree_attention_twin(q, k, v, 0.3, mask, softcap))
+    before = mod.isa()
+    try:
+        for isa in _isas(mod):
+            mod.set_isa(isa)
+            got = np.array(ta.tree_attention_native(q, k, v, 0.3, mask, softcap))
+            assert np.abs(got - want).max() <= TOL * np.abs(np.array(v)).max(), isa
+    finally:
+        mod.set_isa(before)
+
+
+def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod):  # noqa: F811
+    rng = np.random.default_rng(3)
+    tree = DraftTree(list(range(9)), [-1, 0, 0, 1, 1, 2, 3, 6, 4])
+    L, d = 150, 64
+    q = mx.array(rng.standard_normal((1, 6, 9, d), dtype=np.float32))
+    k = mx.array(rng.standard_normal((1, 2, L + 9, d), dtype=np.float32))
+    v = mx.array(rng.standard_normal((1, 2, L + 9, d), dtype=np.float32))
+    whole = ta.tree_attention_native(q, k, v, 0.125, tree_mask(tree, 9, 0, L, None))
+    for node in (0, 3, 7):
+        path = tree.path_to(node)  # root .. node: what plain decoding would have committed
+        idx = mx.array(list(range(L)) + [L + u for u in path])
+        alone = ta.tree_attention_native(q[:, :, node : node + 1], k[:, :, idx], v[:, :, idx],
+                                         0.125, tree_mask(None, 1, 0, L + len(path) - 1, None))
+        assert mx.array_equal(alone[:, :, 0], whole[:, :, node]).item(), node
+
+
+def test_bad_inputs_raise_kernel_error(mod):  # noqa: F811
+    rng = np.random.default_rng(4)
+    q, k, v, mask = _case(rng, 3, 10, 2, 1, 16, None)
+    with pytest.raises(backend.KernelError, match="nodes"):
+        ta.tree_attention_native(q[:, :, :2], k, v, 1.0, mask)
+    with pytest.raises(backend.KernelError, match="float32"):
+        ta.tree_attention_native(q.astype(mx.float16), k.astype(mx.float16),
+                                 v.astype(mx.float16), 1.0, mask)
+
+
+def test_decoding_attends_through_the_kernel(mod, target, monkeypatch):  # noqa: F811
+    calls = []
+    real = ta.tree_attention_native
+    monkeypatch.setattr(ta, "tree_attention_native", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    plain = Engine(target).generate("the cat sat on the mat", max_tokens=6)
+    sizes = [s[2] for s in calls]  # nodes per call: the short prompt's, then one per step
+    assert sizes.count(1) >= 5 * target.num_layers and max(sizes) <= 64
+    backend.set_native_enabled(False)
+    try:
+        off = Engine(target).generate("the cat sat on the mat", max_tokens=6)
+    finally:
+        backend.set_native_enabled(True)
+    assert off.token_ids == plain.token_ids
