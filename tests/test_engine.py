@@ -89,6 +89,20 @@ def test_random_trees_keep_greedy_output(target):
     assert res.token_ids == plain.token_ids
 
 
+def decoy_tree(root: int, want: list[int], vocab: int, rng, min_decoys: int) -> DraftTree:
+    """The chain ``want`` below ``root``, each true child after ``min_decoys``..2 random decoy
+    siblings: the accepted path is the last child at every depth."""
+    tokens, parents, u = [root], [-1], 0
+    for t in want:
+        for _ in range(int(rng.integers(min_decoys, 3))):
+            tokens.append(int((t + rng.integers(1, vocab)) % vocab))
+            parents.append(u)
+        tokens.append(t)
+        parents.append(u)
+        u = len(tokens) - 1
+    return DraftTree(tokens, parents)
+
+
 def test_oracle_trees_with_decoys_accept_the_true_branch(target):
     """Trees whose true continuation hides in a random branch among decoys: the verifier must
     find it (many tokens per forward), and gathering that branch into the cache must keep the
@@ -101,17 +115,7 @@ def test_oracle_trees_with_decoys_accept_the_true_branch(target):
 
     def make(root, hist, budget):
         done = len(hist) - len(ids)
-        want = truth[done : done + min(4, budget)]
-        tokens, parents = [root], [-1]
-        u = 0
-        for t in want:
-            for _ in range(int(rng.integers(0, 3))):  # decoy siblings before the true child
-                tokens.append(int((t + rng.integers(1, vocab)) % vocab))
-                parents.append(u)
-            tokens.append(t)
-            parents.append(u)
-            u = len(tokens) - 1
-        return DraftTree(tokens, parents)
+        return decoy_tree(root, truth[done : done + min(4, budget)], vocab, rng, min_decoys=0)
 
     res = Engine(target, ScriptedDrafter(make)).generate(PROMPT, max_tokens=48)
     assert res.token_ids == truth

@@ -18,10 +18,9 @@ from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.kernels import metal_emulation
 from edgespec.kernels.backend import metal_kernels, set_metal_kernels
-from edgespec.tree import DraftTree
 
 from .test_eagle3 import random_head
-from .test_engine import ScriptedDrafter, _random_tree
+from .test_engine import ScriptedDrafter, _random_tree, decoy_tree
 
 EMULATED, WHY = metal_emulation.available()
 pytestmark = pytest.mark.skipif(not EMULATED, reason=f"Metal kernels not emulated here: {WHY}")
@@ -52,15 +51,7 @@ def decoys(truth: list[int], prompt_len: int, vocab: int, rng) -> ScriptedDrafte
 
     def make(root, hist, budget):
         done = len(hist) - prompt_len
-        tokens, parents, u = [root], [-1], 0
-        for t in truth[done : done + min(4, budget)]:
-            for _ in range(int(rng.integers(1, 3))):
-                tokens.append(int((t + rng.integers(1, vocab)) % vocab))
-                parents.append(u)
-            tokens.append(t)
-            parents.append(u)
-            u = len(tokens) - 1
-        return DraftTree(tokens, parents)
+        return decoy_tree(root, truth[done : done + min(4, budget)], vocab, rng, min_decoys=1)
 
     return ScriptedDrafter(make)
 
