@@ -24,26 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import edgespec  # noqa: F401  (first: it loads the optimized BLAS before MLX starts)
 import mlx.core as mx
-from tqdm import tqdm
 
 from edgespec.bench import environment, load_prompts
-from edgespec.config import SamplingConfig
-from edgespec.drafters.registry import make_drafter
-from edgespec.engine import Engine
 from edgespec.loading.hub import cache_dir, resolve_model
-from edgespec.options import spec_for
-from edgespec.prompt import encode_prompt
 from edgespec.targets import load_target
 from edgespec.targets.load import _dequantize, _read_weights
-
-EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "eval" / "mt_bench.jsonl"
+from side_by_side import EVAL, compare, engine_run, greedy_engine, print_table
 
 
 def float32_copy(path: Path) -> Path:
@@ -68,23 +60,19 @@ def float32_copy(path: Path) -> Path:
     return out
 
 
-def mlx_lm_run(model, ids: list[int], max_tokens: int, eos: set[int]) -> tuple[list[int], float]:
+def mlx_lm_runner(model, eos: set[int]):
     from mlx_lm.generate import generate_step
 
-    t = time.perf_counter()
-    out = []
-    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
-        token = int(token)
-        if token in eos:
-            break
-        out.append(token)
-    return out, time.perf_counter() - t
-
-
-def edgespec_run(engine: Engine, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
-    t = time.perf_counter()
-    result = engine.generate(ids, max_tokens=max_tokens)
-    return result.token_ids, time.perf_counter() - t
+    def run(ids: list[int], max_tokens: int) -> tuple[list[int], float]:
+        t = time.perf_counter()
+        out = []
+        for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
+            token = int(token)
+            if token in eos:
+                break
+            out.append(token)
+        return out, time.perf_counter() - t
+    return run
 
 
 def main(argv=None) -> int:
@@ -107,40 +95,17 @@ def main(argv=None) -> int:
         path = float32_copy(path)
     target = load_target(path, dtype="float32" if a.weights == "float32" else "auto")
     model, _ = mlx_lm.load(str(path))
-    eos = set(target.tokenizer.eos_token_ids)
-    greedy = SamplingConfig()
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    engines = {m: Engine(target, make_drafter(spec_for(m, {}), target, greedy), greedy,
-                         reuse_prefix=False) for m in methods}
+    runs = {"mlx-lm": mlx_lm_runner(model, set(target.tokenizer.eos_token_ids))}
+    for m in [m.strip() for m in a.methods.split(",") if m.strip()]:
+        runs[f"edgespec {m}"] = engine_run(greedy_engine(target, m))
     prompts = load_prompts(a.prompts, a.limit)
-    warm = encode_prompt(target.tokenizer, [{"role": "user", "content": prompts[0].text}])
-    mlx_lm_run(model, warm, 16, eos)
-    for engine in engines.values():
-        engine.generate(warm, max_tokens=16)
-
-    rows = []
-    for p in tqdm(prompts, desc="prompts", unit="prompt", file=sys.stderr):
-        ids = encode_prompt(target.tokenizer, [{"role": "user", "content": p.text}])
-        ref, secs = mlx_lm_run(model, ids, a.max_tokens, eos)
-        row = {"mlx-lm": (len(ref) / secs, True)}
-        for m, engine in engines.items():
-            got, secs = edgespec_run(engine, ids, a.max_tokens)
-            row[m] = (len(got) / secs, got == ref)
-        rows.append(row)
+    rows = compare("mlx-lm", runs, target.tokenizer, prompts, a.max_tokens)
 
     env = environment(target, max_tokens=a.max_tokens, num_prompts=len(prompts))
     print(f"{env['device']} ({env['cpu_count']} cores) · BLAS {env['blas']} · {a.weights} weights · "
           f"{len(prompts)} prompts × ≤{a.max_tokens} tokens, greedy; mlx-lm {mlx_lm.__version__}, "
           f"mlx {mx.__version__}")
-    print("| decoder | tok/s (median) | × mlx-lm (median per prompt) | same tokens as mlx-lm |")
-    print("|---|---:|---:|---:|")
-    for name in ["mlx-lm", *methods]:
-        tps = [r[name][0] for r in rows]
-        ratio = [r[name][0] / r["mlx-lm"][0] for r in rows]
-        same = sum(r[name][1] for r in rows)
-        label = name if name == "mlx-lm" else f"edgespec {name}"
-        print(f"| {label} | {statistics.median(tps):.1f} | {statistics.median(ratio):.2f}× | "
-              f"{same}/{len(rows)} |")
+    print_table(rows, "mlx-lm")
     return 0
 
 
