@@ -1,7 +1,6 @@
 // AVX2 + FMA form of kernel_q.h's contract (compiled with -mavx2 -mfma only; see kernel.h for
-// why the ISA files include nothing else). Eight values a step: 4 rows of x against 2 packed
-// rows of w keep 8 accumulators, 2 dequantized weight vectors, 2 scales and 2 biases in the
-// 16 ymm registers.
+// why the ISA files include nothing else): 8 values a step, blocks of 4 rows x 2 columns (8
+// accumulators, 2 weight vectors, 2 scales, 2 biases and x in the 16 ymm registers).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -12,7 +11,7 @@ namespace {
 
 // 8 quantized values starting at value k (k a multiple of 8) of a packed row, as floats.
 template <int BITS>
-inline __m256 unpack8(const uint8_t* row, int64_t k) {
+inline __m256 unpack(const uint8_t* row, int64_t k) {
   if constexpr (BITS == 8) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
         reinterpret_cast<const __m128i*>(row + k))));
@@ -34,67 +33,23 @@ inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
   return _mm_cvtss_f32(s);
 }
 
-// MB rows of x against NB rows of w: w dequantized 8 values at a time (scale * q + bias, as
-// mx.dequantize does), then the dot products; each output's order is fixed whatever M is.
-template <int BITS, int MB, int NB>
-inline void qblock(const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq, const float* s,
-                   const float* b, int64_t ldg, float* y, int64_t ldy, int64_t K, int64_t gs) {
-  __m256 acc[MB][NB];
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
-    __m256 sv[NB], bv[NB];
-    for (int j = 0; j < NB; ++j) {
-      sv[j] = _mm256_set1_ps(s[j * ldg + g]);
-      bv[j] = _mm256_set1_ps(b[j * ldg + g]);
-    }
-    for (int64_t k = k0; k < k0 + gs; k += 8) {
-      __m256 wv[NB];
-      for (int j = 0; j < NB; ++j)
-        wv[j] = _mm256_fmadd_ps(unpack8<BITS>(wq + j * ldq, k), sv[j], bv[j]);
-      for (int i = 0; i < MB; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
-        for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) y[i * ldy + j] = sum8(acc[i][j]);
-}
-
-template <int BITS, int NB>
-inline void qcolumns(const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq, const float* s,
-                     const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
-                     int64_t gs) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4)
-    qblock<BITS, 4, NB>(x + m * ldx, ldx, wq, ldq, s, b, ldg, y + m * ldy, ldy, K, gs);
-  switch (M - m) {
-    case 3: qblock<BITS, 3, NB>(x + m * ldx, ldx, wq, ldq, s, b, ldg, y + m * ldy, ldy, K, gs); break;
-    case 2: qblock<BITS, 2, NB>(x + m * ldx, ldx, wq, ldq, s, b, ldg, y + m * ldy, ldy, K, gs); break;
-    case 1: qblock<BITS, 1, NB>(x + m * ldx, ldx, wq, ldq, s, b, ldg, y + m * ldy, ldy, K, gs); break;
-    default: break;
-  }
-}
-
-template <int BITS>
-void qrows(const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq, const float* s,
-           const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
-           int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2)
-    qcolumns<BITS, 2>(x, ldx, wq + n * ldq, ldq, s + n * ldg, b + n * ldg, ldg, y + n, ldy, M, K, gs);
-  for (; n < n1; ++n)
-    qcolumns<BITS, 1>(x, ldx, wq + n * ldq, ldq, s + n * ldg, b + n * ldg, ldg, y + n, ldy, M, K, gs);
-}
+#define VEC __m256
+#define LANES 8
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(s) _mm256_set1_ps(s)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define VSUM(v) sum8(v)
+#define NB_MAX 2
+#define QROWS_FN qrows_avx2_impl
+#include "kernel_q_blocks.inc"
 
 }  // namespace
 
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1) {
-  if (bits == 8) return qrows<8>(x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
-  qrows<4>(x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+  qrows_avx2_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
 }  // namespace edgespec_native
