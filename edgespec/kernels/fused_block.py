@@ -67,7 +67,8 @@ class FusedBlock:
     then stale and the block falls back to the module path).
     """
 
-    def __init__(self, block, weights: dict[str, mx.array], views: list[mx.array]):
+    def __init__(self, block, weights: dict[str, mx.array], views: list[mx.array],
+                 quant: tuple | None):
         a, r = block.self_attn, block.self_attn.rope
         self.w = weights
         self.views = views
@@ -76,7 +77,7 @@ class FusedBlock:
                     r.base, r.scale,
                     r.freqs is not None, "bqkv" in weights, "bgu" in weights, "bd" in weights,
                     a.q_norm.eps if "nq" in weights else None, block.mlp.gate_proj.weight.shape[0],
-                    _quant_key(block))
+                    quant)
 
         def arrays(names):
             return [a for n in names if n in weights
@@ -92,11 +93,10 @@ class FusedBlock:
         a, m = block.self_attn, block.mlp
         qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
         layers = (*qkv, *gu, a.o_proj, m.down_proj)
-        quantized = all(type(lin) is nn.QuantizedLinear for lin in layers)
-        if quantized and _quant_key(block) is None:
-            return None  # biases, another mode, or q/k/v (gate/up) quantized unlike each other
+        quant = _quant_key(block)  # None unless every projection is a quantized layer it takes
+        quantized = quant is not None
         if not quantized and any(type(lin) is not nn.Linear for lin in layers):
-            return None  # custom layers keep the module path
+            return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
         if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
             return None  # another activation or q/k norm than the fused functions compute
         if a.softcap is not None:
@@ -134,7 +134,7 @@ class FusedBlock:
                 start += n
                 views.append(lin.weight)
         mx.eval([lin[n] for lin in (*qkv, *gu) for n in names])
-        return cls(block, w, views)
+        return cls(block, w, views, quant)
 
     def current(self, block) -> bool:
         a, m = block.self_attn, block.mlp
