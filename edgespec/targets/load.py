@@ -43,18 +43,16 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     model = family.model(args)
     weights = model.sanitize(weights)
     keep_quantized = quant is not None and dtype == "auto"
+    cast = DTYPES.get(dtype)  # the float arrays' dtype; None ('auto'): the checkpoint's
     if keep_quantized:
         _quantize_like(model, weights, quant)
         if mx.default_device() == mx.cpu:  # the packed weights stay; scales, biases, norms and
-            weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v
-                       for k, v in weights.items()}  # activations in float32 (kernels/qmatmul)
+            cast = mx.float32  # activations in float32 (kernels/qmatmul)
     elif quant is not None:
-        weights = _dequantize(weights, quant, DTYPES[dtype])
-    if not keep_quantized or dtype != "auto":
-        target_dtype = DTYPES.get(dtype)
-        if target_dtype is not None:
-            weights = {k: v.astype(target_dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                       for k, v in weights.items()}
+        weights = _dequantize(weights, quant, cast)
+    if cast is not None:
+        weights = {k: v.astype(cast) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
     weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
