@@ -136,7 +136,8 @@ def test_bad_inputs_raise_kernel_error(mod):
 
 def test_op_picks_the_kernel_for_small_inputs_only(mod, monkeypatch):
     assert backend.use_small_matmul(1, 3072, 576) and backend.use_small_matmul(4, 576, 576)
-    assert not backend.use_small_matmul(1, 576, 576)  # too little work (measured)
+    assert backend.use_small_matmul(1, 576, 576)  # cold weights: the kernel's 2 threads pay
+    assert not backend.use_small_matmul(1, 64, 576)  # too little work (measured)
     assert not backend.use_small_matmul(backend.SMALL_M_MAX + 1, 3072, 576)
     monkeypatch.setattr(backend, "MIN_WORK", 0)
     calls = []

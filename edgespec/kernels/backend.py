@@ -19,12 +19,13 @@ import mlx.core as mx
 from ..errors import EdgespecError
 from . import native
 
-# Measured against OpenBLAS on every demo-model product (docs/architecture.md): faster at
-# 2..32 rows except the smallest products (o_proj 576x576 at 2 rows), even at 64 rows, and at
-# 1 row faster only for the big ones (gate|up, the LM head). Below MIN_WORK multiply-adds the
-# BLAS's one-thread product is as fast and handing half to a second thread does not pay.
+# Measured against OpenBLAS on every demo-model product with cold weights, as a forward reads
+# them (docs/architecture.md, "Backends"): faster at 1..32 rows for every product of at least
+# MIN_WORK multiply-adds, o_proj 576x576 at one row included (57 vs 98 us: the BLAS's GEMV runs
+# on one thread, the kernel splits the rows over two). Smaller products (draft heads'
+# and tiny test models') stay on the BLAS: they were not measured to gain.
 SMALL_M_MAX = 32
-MIN_WORK = 1_000_000
+MIN_WORK = 100_000
 SIMD_ISAS = ("avx512", "avx2")
 
 _enabled = [True]
@@ -53,6 +54,11 @@ def native_enabled() -> bool:
 
 def choice_key() -> tuple:
     return native_enabled(), SMALL_M_MAX, MIN_WORK
+
+
+def use_native_block_ops() -> bool:
+    """Whether the native RMSNorm and q|k|v + RoPE ops run (``kernels/rope_norm.py``)."""
+    return native_enabled()
 
 
 def use_small_matmul(m: int, n: int, k: int) -> bool:
@@ -87,7 +93,8 @@ def native_summary() -> str:
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
-            f", quantized_small_matmul (4/8-bit), tree_attention (<= 64 nodes), {st.reason}")
+            f", quantized_small_matmul (4/8-bit), tree_attention (<= 64 nodes), rms_norm, "
+            f"qkv_rope, {st.reason}")
 
 
 # ---- the Metal kernels (kernels_metal/: tree attention, acceptance, KV compaction) -------------

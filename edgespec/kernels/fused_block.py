@@ -6,7 +6,9 @@ backend chose it, else ``x @ w.T``), or, for blocks whose six projections are bi
 ``QuantizedLinear`` layers (q/k/v alike and gate/up alike in bits and group size), through
 ``qmatmul.quantized_small_matmul`` on the packed weights, concatenated the same way. Used by
 pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's
-per-head q/k RMSNorms); the module path is the pure-MLX twin
+per-head q/k RMSNorms). The norms and the q|k|v split with RoPE go through ``rope_norm`` (one
+native operation each on the CPU, where MLX's own take many); the module path is the pure-MLX
+twin
 (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
@@ -25,23 +27,9 @@ from .attention import attend, prepare
 from .backend import choice_key, on_cpu
 from .matmul import small_matmul
 from .qmatmul import quantized_small_matmul
+from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope  # noqa: F401 (rope: re-exported)
 
 _PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
-
-
-def rope(x: mx.array, positions, dims: int, mscale: float = 1.0, **kw) -> mx.array:
-    """RoPE over the first ``dims`` features (none when 0; those scaled by ``mscale`` first) for a
-    chain (int or scalar offset) or a tree (one position per token)."""
-    if dims == 0:
-        return x
-    if mscale != 1.0:
-        x = mx.concatenate([x[..., :dims] * mscale, x[..., dims:]], axis=-1)
-    if isinstance(positions, int) or positions.ndim == 0:
-        return mx.fast.rope(x, dims, offset=positions, **kw)
-    # (1, H, N, D) -> (N, H, 1, D): one rope offset per batch element = per tree node
-    y = mx.fast.rope(x.transpose(2, 1, 0, 3), dims, offset=positions, **kw)
-    return y.transpose(2, 1, 0, 3)
-
 
 
 # Forwards over at most this many tokens (decode steps, draft trees) run compiled; longer ones
@@ -84,6 +72,9 @@ class FusedBlock:
                     for a in (weights[n] if isinstance(weights[n], tuple) else (weights[n],))]
 
         self.pre_args = arrays(("n1", "wqkv", "bqkv", "nq", "nk"))
+        inv_freq = inverse_frequencies(r.dims, r.base, r.freqs) if r.dims else mx.zeros((0,))
+        mx.eval(inv_freq)  # now, on this thread's stream: a forward may run on another thread
+        self.pre_args.append(inv_freq)
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
@@ -170,7 +161,8 @@ def _quant_key(block) -> tuple | None:
 
 @lru_cache(maxsize=None)
 def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple):
-    # cpu: the silu/attention choice; matmul_choice: small_matmul's (made while tracing)
+    # cpu: the silu/attention choice; matmul_choice: small_matmul's and the native ops' (made
+    # while tracing)
     h, kv, d, rope_dims, mscale, eps, traditional, base, rope_scale, has_freqs, bqkv, bgu, bd, \
         qk_eps, inter, quant = key
     nq, nk = h * d, kv * d
@@ -186,13 +178,19 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple
     def pre(x, positions, n1, *rest):
         rest = list(rest)
         B, N, _ = x.shape
-        y = project(mx.fast.rms_norm(x, n1, eps), rest, 0)
+        y = project(rms_norm(x, n1, eps), rest, 0)
         if bqkv:
             y = y + rest.pop(0)
+        if qk_eps is None:
+            inv_freq = rest.pop(0)
+            freqs = rest.pop(0) if has_freqs else None
+            return qkv_rope(y, positions, inv_freq, h, kv, d, rope_dims, traditional, mscale,
+                            rope_scale, base, freqs)
         q, k, v = mx.split(y, [nq, nq + nk], axis=-1)
         q, k = q.reshape(B, N, h, d), k.reshape(B, N, kv, d)
-        if qk_eps is not None:  # per head, before RoPE (qwen3)
-            q, k = mx.fast.rms_norm(q, rest.pop(0), qk_eps), mx.fast.rms_norm(k, rest.pop(0), qk_eps)
+        # per head, before RoPE (qwen3)
+        q, k = rms_norm(q, rest.pop(0), qk_eps), rms_norm(k, rest.pop(0), qk_eps)
+        rest.pop(0)  # the inverse frequencies: the native op's
         freqs = rest.pop(0) if has_freqs else None
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = v.reshape(B, N, kv, d).transpose(0, 2, 1, 3)
@@ -205,7 +203,7 @@ def _block_functions(key: tuple, compiled: bool, cpu: bool, matmul_choice: tuple
         B, N, _ = x.shape
         hdn = x + project(attn.transpose(0, 2, 1, 3).reshape(B, N, -1), rest, 1)
         n2 = rest.pop(0)
-        g = project(mx.fast.rms_norm(hdn, n2, eps), rest, 2)
+        g = project(rms_norm(hdn, n2, eps), rest, 2)
         wd = [rest.pop(0) for _ in range(take)]
         if bgu:
             g = g + rest.pop(0)

@@ -22,7 +22,8 @@ from ..cache import KVCache
 from ..errors import UnsupportedModelError
 from ..kernels.activations import silu
 from ..kernels.attention import attend
-from ..kernels.fused_block import FusedBlock, rope
+from ..kernels.fused_block import FusedBlock
+from ..kernels.rope_norm import rope
 from ..kernels.matmul import linear
 
 

@@ -1,9 +1,11 @@
 // The Python module edgespec's kernels/_native.py loads: the op and what the kernels run on.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "dispatch.h"
 #include "quantized_matmul.h"
+#include "rope_norm.h"
 #include "small_matmul.h"
 #include "tree_attention.h"
 
@@ -21,6 +23,12 @@ NB_MODULE(_edgespec_native, m) {
         "qpos"_a, "key_start"_a, "window"_a, "scale"_a, "softcap"_a,
         "Softmax attention of <= 64 tree nodes over cached + own keys, masked by an ancestor "
         "bitmask, positions and a window (0: none); float32, batch 1.");
+  m.def("rms_norm", &edgespec_native::rms_norm_op, "x"_a, "w"_a, "eps"_a,
+        "x * rsqrt(mean(x^2, -1) + eps) * w for float32 x (..., H) and w (H,).");
+  m.def("qkv_rope", &edgespec_native::qkv_rope_op, "y"_a, "pos"_a, "inv_freq"_a, "heads"_a,
+        "kv_heads"_a, "head_dim"_a, "dims"_a, "traditional"_a, "mscale"_a, "scale"_a,
+        "A q|k|v product (M, (heads + 2 kv_heads) head_dim) split into q, k, v (1, heads, M, D) "
+        "with RoPE on q and k (rope_norm.h).");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");
