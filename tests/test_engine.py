@@ -177,3 +177,38 @@ def test_multi_turn_with_draft_model_reuses_both_caches(target):
         assert out.token_ids == fresh.generate(turn, max_tokens=10).token_ids
         turn = turn + [{"role": "assistant", "content": out.text}, {"role": "user", "content": follow_up}]
     assert eng.last_stats.cached_tokens > 0 and drafter.cache.offset > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 17])
+def test_pipelined_plain_decoding_is_the_step_loop(target, max_tokens):
+    """Plain greedy decoding runs pipelined (the next forward in flight while a token is read);
+    it gives the step loop's tokens and leaves the cache as the step loop does (it holds the KV
+    of every token but the last), so the next request reuses the shared prefix."""
+    fast, loop = Engine(target), Engine(target, pipeline=False)
+    for prompt in (PROMPT, "zebra crossing at night", PROMPT + " again"):
+        a = fast.generate(prompt, max_tokens=max_tokens)
+        b = loop.generate(prompt, max_tokens=max_tokens)
+        assert a.token_ids == b.token_ids
+        assert a.stats.generated_tokens == b.stats.generated_tokens
+        assert a.stats.target_forwards == b.stats.target_forwards
+        assert fast._cache.offset == len(fast._cache_seq) - 1 == loop._cache.offset
+    assert a.token_ids == naive_greedy(target, fast.encode(PROMPT + " again"), max_tokens)
+
+
+def test_pipelined_decoding_rolls_back_the_step_past_a_stop_or_a_closed_stream(target):
+    eng = Engine(target)
+    first = Engine(target, pipeline=False).generate(PROMPT, max_tokens=6)
+    stop_text = eng.target.tokenizer.decode(first.token_ids[2:4])
+    assert stop_text
+    stopped = eng.generate(PROMPT, max_tokens=30, stop=[stop_text])
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 4
+    assert eng._cache.offset == len(eng._cache_seq) - 1
+    stream = eng.stream(PROMPT, max_tokens=30)
+    next(stream)
+    next(stream)
+    stream.close()  # a step was in flight
+    assert eng._cache.offset == len(eng._cache_seq) - 1
+    again = eng.generate(PROMPT + " the", max_tokens=8)
+    assert again.stats.cached_tokens > 0
+    assert again.token_ids == Engine(target, reuse_prefix=False).generate(
+        PROMPT + " the", max_tokens=8).token_ids

@@ -34,5 +34,8 @@ NB_MODULE(_edgespec_native, m) {
         "Selects an ISA the CPU supports (for tests); returns whether it did.");
   m.def("supported_isas", &edgespec_native::supported_isas, "The CPU's ISAs, best first.");
   m.def("threads", &edgespec_native::threads, "Threads the kernels split N over.");
+  m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5,
+        "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "
+        "rounds): the compute ceiling.");
   m.attr("built_for_mlx") = EDGESPEC_MLX_VERSION;
 }

@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 
 #include "kernel.h"
@@ -106,6 +107,50 @@ std::string supported_isas() {
 }
 
 int threads() { return Pool::get().threads(); }
+
+namespace {
+
+struct PeakJob {
+  int lanes;
+  int64_t iters;
+  std::atomic<uint32_t> sink{0};
+};
+
+void run_peak_chunk(void* ctx, int64_t) {
+  auto& j = *static_cast<PeakJob*>(ctx);
+  float s = 0.0f;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (j.lanes == 16) s = fma_loop_avx512(j.iters);
+  if (j.lanes == 8) s = fma_loop_avx2(j.iters);
+#endif
+  if (j.lanes == 1) {  // plain C++: 12 chains, whatever the compiler makes of them
+    float acc[12];
+    for (int c = 0; c < 12; ++c) acc[c] = 1.0f + 0.01f * c;
+    for (int64_t i = 0; i < j.iters; ++i)
+      for (int c = 0; c < 12; ++c) acc[c] = acc[c] * 0.999f + 1e-3f;
+    for (int c = 0; c < 12; ++c) s += acc[c];
+  }
+  j.sink.fetch_add(static_cast<uint32_t>(s), std::memory_order_relaxed);  // keeps the loop
+}
+
+}  // namespace
+
+double fma_peak(int rounds) {
+  const std::string name = isa();
+  PeakJob job;
+  job.lanes = name == "avx512" ? 16 : name == "avx2" ? 8 : 1;
+  job.iters = 200000;  // 2.4 M vector FMAs a chunk: about 1-2 ms on the dev VM
+  const int64_t chunks = 8 * threads();
+  double best = 0.0;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Pool::get().run(run_peak_chunk, &job, chunks);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double rate = double(chunks) * job.iters * 12 * job.lanes / s;
+    if (rate > best) best = rate;
+  }
+  return best;
+}
 
 void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
                   int64_t ldy, int64_t M, int64_t N, int64_t K) {

@@ -19,6 +19,11 @@ std::string supported_isas();
 // Threads the kernels split N over.
 int threads();
 
+// Float multiply-adds per second that the pool's threads sustain together in the chosen ISA's
+// FMA loop (independent chains, no memory traffic): the compute ceiling of every kernel here.
+// The best of `rounds` runs of about 20 ms each.
+double fma_peak(int rounds);
+
 // y (M, N; row stride ldy) = x (M, K; row stride ldx) @ w (N, K; row stride ldw).T, N split
 // over the pool's threads when the product is big enough to pay for waking them.
 void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,

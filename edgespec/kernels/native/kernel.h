@@ -24,9 +24,11 @@ void rows_avx2(const float*, int64_t, const float*, int64_t, float*, int64_t, in
                int64_t, int64_t, int64_t);
 void rows_avx512(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                  int64_t, int64_t, int64_t);
+float fma_loop_avx512(int64_t iters);  // 12 chains x iters FMAs; returns their sum
+float fma_loop_avx2(int64_t iters);
 #endif
 
 // Threads split N on multiples of this many weight rows.
-constexpr int64_t kRowsPerBlock = 12;  // a multiple of every ISA's NB_MAX (6, 3)
+constexpr int64_t kRowsPerBlock = 48;  // a multiple of every ISA's NB_MAX and NB1_MAX (6, 3, 16, 12)
 
 }  // namespace edgespec_native

@@ -28,6 +28,7 @@ inline float sum256(__m256 v) {  // (lo + hi), then pairs: a fixed order
 #define ROWS_FN rows_avx2_impl
 #define MB_MAX 4
 #define NB_MAX 3
+#define NB1_MAX 12
 #include "kernel_blocks.inc"
 
 }  // namespace
@@ -35,6 +36,18 @@ inline float sum256(__m256 v) {  // (lo + hi), then pairs: a fixed order
 void rows_avx2(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
                int64_t ldy, int64_t M, int64_t K, int64_t n0, int64_t n1) {
   rows_avx2_impl(x, ldx, w, ldw, y, ldy, M, K, n0, n1);
+}
+
+float fma_loop_avx2(int64_t iters) {
+  // 12 independent chains: enough to cover the FMA latency on the cores measured
+  __m256 acc[12];
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps(1.0f + 0.01f * j);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  float s = 0.0f;
+  for (int j = 0; j < 12; ++j) s += sum256(acc[j]);
+  return s;
 }
 
 }  // namespace edgespec_native
