@@ -12,6 +12,11 @@ and the LM head; an untied embedding table is only indexed), so plain decoding c
 than (memory-streaming bandwidth) / (those bytes). The bandwidth is measured in the same run, by
 summing a 256 MiB float32 array that no cache holds, one slice per core in parallel; the share
 of that limit plain decoding reaches says how much a faster kernel could still win.
+
+The compute floor: a forward over n tokens does n multiply-adds per weight it streams, so its
+products take at least n x (those weights) / (the multiply-adds per second the cores sustain in
+an FMA loop, measured by the native module's ``fma_peak``); a verify of n tokens can cost about
+what one costs only while that floor stays under the bandwidth floor of one token.
 """
 
 from __future__ import annotations
@@ -75,6 +80,33 @@ def streamed_bytes(target) -> int:
                if not (untied and k.startswith("model.embed_tokens.")))
 
 
+def multiply_adds_per_token(target) -> int:
+    """Multiply-adds one token's forward does in the weights it streams (``streamed_bytes``'s
+    arrays, counted in weights: a packed quantized array holds 32 / bits per uint32)."""
+    untied = not target.model.args.tie_word_embeddings
+    bits = {}
+    for name, module in target.model.named_modules():
+        if hasattr(module, "bits") and hasattr(module, "group_size"):
+            bits[f"{name}.weight" if name else "weight"] = module.bits
+    total = 0
+    for k, v in tree_flatten(target.model.parameters()):
+        if (untied and k.startswith("model.embed_tokens.")) or v.ndim != 2:
+            continue
+        if k in bits:
+            total += v.size * 32 // bits[k]
+        elif k.endswith("weight"):
+            total += v.size
+    return total
+
+
+def fma_rate() -> float | None:
+    """Multiply-adds per second the native kernels' threads sustain, or None without them."""
+    from .kernels import native  # noqa: PLC0415
+
+    mod = native.load()
+    return None if mod is None else mod.fma_peak(5)
+
+
 def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
     info = blas_info()
     target = load(model_ref, dtype=dtype)
@@ -83,6 +115,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
     eng.generate([{"role": "user", "content": "Count from one to twenty in words."}], max_tokens=8)
     res = eng.generate([{"role": "user", "content": "Write a short poem about the sea."}], max_tokens=64)
     bandwidth, weight_bytes = stream_bandwidth(), streamed_bytes(target)
+    rate = fma_rate()
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -98,6 +131,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "streamed_weights_mb": round(weight_bytes / 2**20, 1),
         "bandwidth_limit_tok_s": round(bandwidth / weight_bytes, 2),
+        "fma_g_per_s": None if rate is None else round(rate / 1e9, 1),
+        "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
     }
 
 
@@ -121,4 +156,13 @@ def format_findings(f: dict) -> str:
         f"of weights per token = {f['bandwidth_limit_tok_s']:.1f} tok/s limit; plain decoding "
         f"reaches {100 * f['plain_decode_tok_s'] / f['bandwidth_limit_tok_s']:.0f}% of it",
     ]
+    if f["fma_g_per_s"]:
+        floor1 = 1e3 / f["bandwidth_limit_tok_s"]
+        per = f["multiply_adds_per_token_m"] * 1e6 / (f["fma_g_per_s"] * 1e9) * 1e3  # ms a token
+        lines.append(
+            f"compute    {f['fma_g_per_s']:.0f} G multiply-adds/s (FMA loop, all cores) x "
+            f"{f['multiply_adds_per_token_m']:.0f} M a token: products of 8 tokens >= "
+            f"{8 * per:.1f} ms, 16 >= {16 * per:.1f} ms; against 1 token's bandwidth floor "
+            f"({floor1:.1f} ms): 8/1 >= {max(1.0, 8 * per / floor1):.2f}x, "
+            f"16/1 >= {max(1.0, 16 * per / floor1):.2f}x")
     return "\n".join(lines)

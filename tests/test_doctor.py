@@ -30,6 +30,27 @@ def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
     share = round(100 * f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"])
     assert f"plain decoding reaches {share}% of it" in text
     assert "kernels" in text and "BLAS" in text
+    if f["fma_g_per_s"]:  # the native module is built (CI builds it)
+        assert "G multiply-adds/s (FMA loop, all cores)" in text
+
+
+def test_multiply_adds_per_token_counts_weights_not_bytes(tiny_models, tmp_path):
+    from edgespec.targets import load_target
+
+    from .test_qmatmul import _quantized_copy
+
+    plain = tiny_models.load()
+    q = load_target(_quantized_copy(tiny_models.path(), tmp_path / "q"), dtype="auto")
+    n = doctor.multiply_adds_per_token(plain)
+    assert n == doctor.streamed_bytes(plain) // 4 - sum(
+        v.size for k, v in tree_flatten(plain.model.parameters()) if v.ndim == 1)
+    assert doctor.multiply_adds_per_token(q) == n  # 4-bit: as many weights, fewer bytes
+
+
+def test_fma_rate_is_a_plausible_speed():
+    rate = doctor.fma_rate()
+    if rate is not None:
+        assert 1e8 < rate < 1e13
 
 
 def test_stream_bandwidth_is_a_plausible_memory_speed():
