@@ -90,15 +90,18 @@ def best_budget(path_probs, curve: CostCurve, draft_ms: float = 0.0,
 
 
 def curve_key(target) -> str:
-    """What the cost depends on: shapes, dtype, quantization, device, CPU model, BLAS and which
-    matmul kernels run (the native small-M kernel on or off)."""
+    """What the cost depends on: shapes, dtype, quantization, device, CPU model, BLAS, which
+    matmul kernels run (the native small-M kernel on or off) and their source (a changed
+    kernel is measured again)."""
+    from ..kernels import native
     from ..kernels.backend import choice_key
     from ..loading._blas import blas_info
 
     args = {k: v for k, v in vars(target.args).items() if isinstance(v, (int, float, str, bool))}
     parts = {"args": args, "dtype": target.dtype, "quantized": target.quantized,
              "device": str(mx.default_device()), "cpu": _cpu_name(), "blas": blas_info().name,
-             "kernels": list(choice_key())}
+             "kernels": list(choice_key()),
+             "kernel_source": native.source_digest() if choice_key()[0] else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

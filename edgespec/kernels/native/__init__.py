@@ -16,6 +16,7 @@ generic code, chosen at run time from the CPU) and ``threads()``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -65,6 +66,20 @@ def find_module_file(directory: Path) -> Path | None:
 
 def _newest_source_mtime() -> float:
     return max(p.stat().st_mtime for p in SOURCE_DIR.iterdir() if p.suffix in SOURCE_SUFFIXES)
+
+
+def source_digest() -> str:
+    """A digest of the kernels' sources: what a cached measurement of their speed depends on."""
+    if "digest" not in _digest:
+        h = hashlib.sha256()
+        for p in sorted(SOURCE_DIR.iterdir()):
+            if p.suffix in SOURCE_SUFFIXES:
+                h.update(p.name.encode() + p.read_bytes())
+        _digest["digest"] = h.hexdigest()[:16]
+    return _digest["digest"]
+
+
+_digest: dict[str, str] = {}
 
 
 def _self_check(mod: ModuleType) -> None:
