@@ -17,6 +17,11 @@ ancestors. ``step`` runs any such set of rows against the head's own :class:`KVC
 caller commits each depth and trims the drafts afterwards); ``unroll`` is the training-time test:
 the same rows for whole training sequences, all depths, in one differentiable pass per depth.
 A test checks that the two give the same row.
+
+``step`` (inference only: no gradient flows through it) runs the norms, the q|k|v split with
+RoPE and every product through ``kernels`` (the native ops on the CPU: ``rope_norm``,
+``matmul.linear``), where MLX's CPU ops would cost more than the arithmetic; ``unroll`` keeps the
+differentiable module ops. Same math: they agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import numpy as np
 from ..cache import KVCache
 from ..kernels.activations import silu
 from ..kernels.attention import attend, prepare
+from ..kernels.matmul import linear
+from ..kernels.rope_norm import inverse_frequencies, qkv_rope, rms_norm
 from ..targets.parts import Attention, GatedMLP, Rope
 from .config import HeadConfig
 
@@ -65,6 +72,27 @@ class Eagle3Layer(nn.Module):
         B, _, N, _ = attn.shape
         r = h + self.self_attn.o_proj(attn.transpose(0, 2, 1, 3).reshape(B, N, -1))
         return r + self.mlp(self.post_attention_layernorm(r))
+
+    # -- the same two halves for inference (``Eagle3Head.step``): the kernels' ops
+
+    def qkv_fast(self, emb: mx.array, h: mx.array, positions: mx.array):
+        a, r = self.self_attn, self.self_attn.rope
+        n1, n2 = self.input_layernorm, self.hidden_norm
+        x = mx.concatenate([rms_norm(emb, n1.weight, n1.eps), rms_norm(h, n2.weight, n2.eps)],
+                           axis=-1)
+        y = mx.concatenate([linear(a.q_proj, x), linear(a.k_proj, x), linear(a.v_proj, x)], axis=-1)
+        if getattr(self, "_inv_freq", None) is None:
+            self._inv_freq = inverse_frequencies(r.dims, r.base, r.freqs) if r.dims else mx.zeros((0,))
+            mx.eval(self._inv_freq)
+        return qkv_rope(y, positions, self._inv_freq, a.h, a.kv, a.d, r.dims, r.traditional,
+                        r.mscale, r.scale, r.base, r.freqs)
+
+    def finish_fast(self, h: mx.array, attn: mx.array) -> mx.array:
+        B, _, N, _ = attn.shape
+        r = h + linear(self.self_attn.o_proj, attn.transpose(0, 2, 1, 3).reshape(B, N, -1))
+        m, n = self.mlp, self.post_attention_layernorm
+        x = rms_norm(r, n.weight, n.eps)
+        return r + linear(m.down_proj, silu(linear(m.gate_proj, x)) * linear(m.up_proj, x))
 
 
 class Eagle3Head(nn.Module):
@@ -129,7 +157,9 @@ class Eagle3Head(nn.Module):
         return self.fc(features)
 
     def logits(self, out: mx.array) -> mx.array:
-        return self.lm_head(self.norm(out))
+        """Draft logits of ``step``'s outputs, through the kernels' ops (inference only; ``unroll``
+        applies ``norm`` and ``lm_head`` as modules)."""
+        return linear(self.lm_head, rms_norm(out, self.norm.weight, self.norm.eps))
 
     def step(self, emb: mx.array, h: mx.array, positions, mask, cache: KVCache,
              layer_slot: int = 0) -> tuple[mx.array, mx.array]:
@@ -142,9 +172,9 @@ class Eagle3Head(nn.Module):
         """
         cache.reserve(emb.shape[0])
         positions, mask = prepare(positions, mask)
-        q, k, v = self.layer.qkv(emb[None], h[None], positions)
+        q, k, v = self.layer.qkv_fast(emb[None], h[None], positions)
         k, v = cache.write(layer_slot, k, v)
-        out = self.layer.finish(h[None], attend(q, k, v, self.layer.self_attn.scale, mask))[0]
+        out = self.layer.finish_fast(h[None], attend(q, k, v, self.layer.self_attn.scale, mask))[0]
         return self.logits(out), out
 
     # -- training
@@ -170,7 +200,7 @@ class Eagle3Head(nn.Module):
             values.append(v)
             attn = _ttt_attention(q, keys, values, a.scale)
             h = self.layer.finish(h, attn)
-            out_logits.append(self.logits(h))
+            out_logits.append(self.lm_head(self.norm(h)))
         return out_logits
 
 
