@@ -95,17 +95,31 @@ class KVCache:
         a = self.slots(layer)
         b = a + n
         if self.keys[layer] is None or b > self.keys[layer].shape[2]:
-            self._grow(layer, k, v, b)
+            self._grow(layer, (*k.shape[:2], k.shape[3], v.shape[3]), k.dtype, b)
         self.keys[layer][..., a:b, :] = k
         self.values[layer][..., a:b, :] = v
         return self.keys[layer][..., :b, :], self.values[layer][..., :b, :]
 
-    def _grow(self, layer: int, k: mx.array, v: mx.array, needed: int) -> None:
-        B, H, _, D = k.shape
+    def write_buffers(self, layer: int, n: int, heads: int, dim: int,
+                      dtype=mx.float32) -> tuple[mx.array, mx.array, int]:
+        """For an operation that writes a forward's keys/values itself (the native decoder
+        block): ``layer``'s buffers (1, heads, capacity, dim), grown to hold ``n`` scratch rows
+        after the committed ones, and where those rows go. Store what it returns with
+        ``set_buffers``."""
+        a = self.slots(layer)
+        if self.keys[layer] is None or a + n > self.keys[layer].shape[2]:
+            self._grow(layer, (1, heads, dim, dim), dtype, a + n)
+        return self.keys[layer], self.values[layer], a
+
+    def set_buffers(self, layer: int, keys: mx.array, values: mx.array) -> None:
+        self.keys[layer], self.values[layer] = keys, values
+
+    def _grow(self, layer: int, shape: tuple[int, int, int, int], dtype, needed: int) -> None:
+        B, H, D, Dv = shape
         size = ((needed + _STEP - 1) // _STEP) * _STEP
         old_k, old_v = self.keys[layer], self.values[layer]
-        new_k = mx.zeros((B, H, size, D), dtype=k.dtype)
-        new_v = mx.zeros((B, H, size, v.shape[3]), dtype=v.dtype)
+        new_k = mx.zeros((B, H, size, D), dtype=dtype)
+        new_v = mx.zeros((B, H, size, Dv), dtype=dtype)
         if old_k is not None:
             a = self.slots(layer)
             new_k[..., :a, :] = old_k[..., :a, :]

@@ -125,6 +125,6 @@ def test_the_fused_block_runs_the_native_ops(mod, monkeypatch, tiny_models):
     monkeypatch.setenv("EDGESPEC_COMPILE", "0")
     target = load_target(tiny_models.path(layers=2), dtype="float32")
     cache = target.make_cache()
-    target.score([1, 2, 3], cache)
+    target.score(list(range(4, 44)), cache)  # 40 tokens: above the native block's 32
     assert backend.use_native_block_ops()
     assert calls["qkv_rope"] == target.num_layers and calls["rms_norm"] >= 2 * target.num_layers

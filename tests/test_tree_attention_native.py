@@ -95,9 +95,12 @@ def test_bad_inputs_raise_kernel_error(mod):  # noqa: F811
 def test_decoding_attends_through_the_kernel(mod, target, monkeypatch):  # noqa: F811
     calls = []
     real = ta.tree_attention_native
-    monkeypatch.setattr(ta, "tree_attention_native", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    monkeypatch.setattr(ta, "tree_attention_native", lambda *a, **kw: calls.append(a[0].shape[2]) or real(*a, **kw))
+    block = mod.decoder_block  # float blocks run whole as one native op, attention included
+    monkeypatch.setattr(mod, "decoder_block", lambda arrays, *a, **kw: calls.append(
+        arrays[0].shape[0]) or block(arrays, *a, **kw))
     plain = Engine(target).generate("the cat sat on the mat", max_tokens=6)
-    sizes = [s[2] for s in calls]  # nodes per call: the short prompt's, then one per step
+    sizes = calls  # nodes per call: the short prompt's, then one per step
     steps = len(plain.token_ids) - 1  # forwards after the prompt's
     assert sizes.count(1) >= steps * target.num_layers and max(sizes) <= 64
     # the same forward with the native kernels off (the twin): the same logits, within rounding

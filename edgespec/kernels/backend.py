@@ -61,6 +61,13 @@ def use_native_block_ops() -> bool:
     return native_enabled()
 
 
+def use_native_block() -> bool:
+    """Whether a float decoder block of a small forward runs as one native operation
+    (``fused_block.FusedBlock``, ``native/block.h``): the native ops, and no Metal kernel (or
+    its emulation) asked to run the tree attention."""
+    return native_enabled() and metal_kernels() == "off"
+
+
 def use_small_matmul(m: int, n: int, k: int) -> bool:
     return 1 <= m <= SMALL_M_MAX and m * n * k >= MIN_WORK and native_enabled()
 

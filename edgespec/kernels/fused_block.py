@@ -24,9 +24,11 @@ import mlx.nn as nn
 from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
-from .backend import choice_key, on_cpu
+from . import native
+from .backend import SMALL_M_MAX, choice_key, on_cpu, use_native_block
 from .matmul import small_matmul
 from .qmatmul import quantized_small_matmul
+from .tree_mask import TreeMask
 from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope  # noqa: F401 (rope: re-exported)
 
 _PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
@@ -73,8 +75,19 @@ class FusedBlock:
 
         self.pre_args = arrays(("n1", "wqkv", "bqkv", "nq", "nk"))
         inv_freq = inverse_frequencies(r.dims, r.base, r.freqs) if r.dims else mx.zeros((0,))
-        mx.eval(inv_freq)  # now, on this thread's stream: a forward may run on another thread
+        none = mx.zeros((0,))
+        mx.eval(inv_freq, none)  # now, on this thread's stream: a forward may run on another
         self.pre_args.append(inv_freq)
+        # The whole block as one native operation (decode steps and verifies): float weights
+        # without per-head q/k norms.
+        self.native_args = None
+        if quant is None and "nq" not in weights:
+            self.native_args = [inv_freq, *(weights[n] for n in ("n1", "wqkv", "wo", "n2", "wgu",
+                                                                   "wd")),
+                                *(weights.get(n, none) for n in ("bqkv", "bgu", "bd"))]
+            self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
+                                 block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
+                                 r.mscale, r.scale, block.input_layernorm.eps, a.scale)
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
@@ -133,12 +146,29 @@ class FusedBlock:
         return all(lin.weight is v for lin, v in zip(mods, self.views))
 
     def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
+        if (self.native_args is not None and isinstance(mask, TreeMask) and x.shape[0] == 1
+                and x.shape[1] <= SMALL_M_MAX and x.dtype == mx.float32
+                and mask.cached == cache.slots(layer) and use_native_block()):
+            return self._native(x, mask, cache, layer)
         positions, mask = prepare(positions, mask)
         compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
         pre, post = _block_functions(self.key, compiled, on_cpu(), choice_key())
         q, k, v = pre(x, positions, *self.pre_args)
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
+
+
+    def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
+        """The block as one native operation (``native/block.h``); it writes this forward's
+        keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
+        H, h, kv, d = self.native_shape[:4]
+        keys, values, slots = cache.write_buffers(layer, x.shape[1], kv, d)
+        anc, qpos = mask.device_arrays
+        out, keys, values = native.load().decoder_block(
+            [x[0], keys, values, anc, qpos, *self.native_args], *self.native_shape, slots,
+            mask.key_start, mask.window or 0)
+        cache.set_buffers(layer, keys, values)
+        return out[None]
 
 
 def _quant_key(block) -> tuple | None:

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "block.h"
 #include "dispatch.h"
 #include "quantized_matmul.h"
 #include "rope_norm.h"
@@ -29,6 +30,20 @@ NB_MODULE(_edgespec_native, m) {
         "kv_heads"_a, "head_dim"_a, "dims"_a, "traditional"_a, "mscale"_a, "scale"_a,
         "A q|k|v product (M, (heads + 2 kv_heads) head_dim) split into q, k, v (1, heads, M, D) "
         "with RoPE on q and k (rope_norm.h).");
+  m.def(
+      "decoder_block",
+      [](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads, int kv_heads, int head_dim,
+         int intermediate, int rope_dims, bool traditional, float mscale, float rope_scale,
+         float eps, float attn_scale, int64_t slots, int64_t key_start, int64_t window) {
+        edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
+                                      traditional, mscale, rope_scale, eps, attn_scale};
+        return edgespec_native::decoder_block_op(arrays, s, slots, key_start, window);
+      },
+      "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
+      "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
+      "slots"_a, "key_start"_a, "window"_a,
+      "A pre-norm decoder block over N <= 64 tokens as one operation (block.h): returns (out, "
+      "keys, values).");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

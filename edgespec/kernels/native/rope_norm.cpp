@@ -52,15 +52,20 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const int64_t H = x.ndim() ? x.shape(-1) : 1;
   encoder.dispatch([xp = x.data<float>(), wp = w.data<float>(), yp = out.data<float>(),
                     rows = H ? int64_t(x.size()) / H : 0, H, eps = eps_]() {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xp + r * H;
-      float* yr = yp + r * H;
-      float ss = 0.0f;
-      for (int64_t i = 0; i < H; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
-      for (int64_t i = 0; i < H; ++i) yr[i] = xr[i] * inv * wp[i];
-    }
+    rms_rows(xp, H, wp, yp, H, rows, H, eps);
   });
+}
+
+void rms_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows,
+              int64_t H, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < H; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
+    for (int64_t i = 0; i < H; ++i) yr[i] = xr[i] * inv * w[i];
+  }
 }
 
 void RmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -108,17 +113,6 @@ bool QkvRope::is_equivalent(const mx::Primitive& other) const {
 
 namespace {
 
-struct RopeArgs {
-  const float* y;
-  const int32_t* pos;
-  bool pos_per_row;
-  const float* inv_freq;
-  float *q, *k, *v;
-  int64_t M, heads, kv_heads, D, dims;
-  bool traditional;
-  float mscale, scale;
-};
-
 // Head `src` (D floats of one row) to `dst`, rotated by the row's (cos, sin) pairs.
 inline void rotate(const float* src, float* dst, const float* c, const float* sn,
                    const RopeArgs& a) {
@@ -139,8 +133,10 @@ inline void rotate(const float* src, float* dst, const float* c, const float* sn
   for (int64_t j = a.dims; j < a.D; ++j) dst[j] = src[j];
 }
 
-void qkv_rope(const RopeArgs& a) {
-  const int64_t half = a.dims / 2, width = (a.heads + 2 * a.kv_heads) * a.D;
+}  // namespace
+
+void qkv_rope_rows(const RopeArgs& a) {
+  const int64_t half = a.dims / 2;
   std::vector<float> c(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   for (int64_t m = 0; m < a.M; ++m) {
     const float p = static_cast<float>(a.pos_per_row ? a.pos[m] : a.pos[0] + m) * a.scale;
@@ -149,21 +145,18 @@ void qkv_rope(const RopeArgs& a) {
       c[j] = std::cos(theta);
       sn[j] = std::sin(theta);
     }
-    const float* row = a.y + m * width;
-    // Output layout (1, H, M, D): head h of row m at (h * M + m) * D.
+    const float* row = a.y + m * a.ldy;
     for (int64_t h = 0; h < a.heads; ++h)
-      rotate(row + h * a.D, a.q + (h * a.M + m) * a.D, c.data(), sn.data(), a);
+      rotate(row + h * a.D, a.q + h * a.q_h + m * a.q_m, c.data(), sn.data(), a);
     const float* kr = row + a.heads * a.D;
     const float* vr = kr + a.kv_heads * a.D;
     for (int64_t h = 0; h < a.kv_heads; ++h) {
-      rotate(kr + h * a.D, a.k + (h * a.M + m) * a.D, c.data(), sn.data(), a);
-      float* vd = a.v + (h * a.M + m) * a.D;
+      rotate(kr + h * a.D, a.k + h * a.k_h + m * a.k_m, c.data(), sn.data(), a);
+      float* vd = a.v + h * a.v_h + m * a.v_m;
       for (int64_t j = 0; j < a.D; ++j) vd[j] = vr[h * a.D + j];
     }
   }
 }
-
-}  // namespace
 
 void QkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto &y = inputs[0], &pos = inputs[1], &inv = inputs[2];
@@ -173,10 +166,12 @@ void QkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     o.set_data(mx::allocator::malloc(o.nbytes()));
     encoder.set_output_array(o);
   }
-  RopeArgs args{y.data<float>(), pos.data<int32_t>(), pos.ndim() == 1, inv.data<float>(),
-                outputs[0].data<float>(), outputs[1].data<float>(), outputs[2].data<float>(),
-                y.shape(0), heads_, kv_heads_, head_dim_, dims_, traditional_, mscale_, scale_};
-  encoder.dispatch([args]() { qkv_rope(args); });
+  const int64_t M = y.shape(0), D = head_dim_;
+  RopeArgs args{y.data<float>(), int64_t(y.shape(1)), pos.data<int32_t>(), pos.ndim() == 1,
+                inv.data<float>(), outputs[0].data<float>(), outputs[1].data<float>(),
+                outputs[2].data<float>(), M * D, D, M * D, D, M * D, D,
+                M, heads_, kv_heads_, D, dims_, traditional_, mscale_, scale_};
+  encoder.dispatch([args]() { qkv_rope_rows(args); });
 }
 
 void QkvRope::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

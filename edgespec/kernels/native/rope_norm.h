@@ -22,6 +22,25 @@ namespace edgespec_native {
 
 namespace mx = mlx::core;
 
+// The row functions the ops (and the fused block, block.h) run.
+// y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows r < rows of width H.
+void rms_rows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int64_t rows,
+              int64_t H, float eps);
+
+struct RopeArgs {
+  const float* y;  // (M, (heads + 2 kv_heads) D), row stride ldy
+  int64_t ldy;
+  const int32_t* pos;
+  bool pos_per_row;  // else row m is at pos[0] + m
+  const float* inv_freq;
+  float *q, *k, *v;  // head h of row m at h * X_h + m * X_m
+  int64_t q_h, q_m, k_h, k_m, v_h, v_m;
+  int64_t M, heads, kv_heads, D, dims;
+  bool traditional;
+  float mscale, scale;
+};
+void qkv_rope_rows(const RopeArgs& a);
+
 // Raise std::invalid_argument (ValueError in Python) for other dtypes or shapes.
 mx::array rms_norm_op(const mx::array& x, const mx::array& w, float eps);
 std::vector<mx::array> qkv_rope_op(const mx::array& y, const mx::array& pos,

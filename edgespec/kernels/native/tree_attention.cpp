@@ -50,6 +50,22 @@ void run_attn_chunk(void* ctx, int64_t chunk) {
 
 }  // namespace
 
+void run_tree_attention(const AttnArgs& args) {
+  const AttnFn fn = attn_fn();
+  const int64_t items = args.H * args.N;
+  if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
+    std::vector<float> scratch(static_cast<size_t>(args.S));
+    fn(args, scratch.data(), 0, items);
+    return;
+  }
+  int64_t chunks = items < 2 * threads() ? items : 2 * threads();
+  const int64_t per_chunk = (items + chunks - 1) / chunks;
+  chunks = (items + per_chunk - 1) / per_chunk;
+  std::vector<float> scratch(static_cast<size_t>(chunks * args.S));
+  AttnJob job{fn, args, scratch.data(), items, per_chunk};
+  Pool::get().run(run_attn_chunk, &job, chunks);
+}
+
 mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,
                             const mx::array& anc, const mx::array& qpos, int64_t key_start,
                             int64_t window, float scale, float softcap) {
@@ -97,20 +113,7 @@ void TreeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& ou
                 q.shape(3), key_start_, window_, scale_, softcap_,
                 int64_t(q.strides()[1]), int64_t(q.strides()[2]), int64_t(k.strides()[1]),
                 int64_t(k.strides()[2]), int64_t(v.strides()[1]), int64_t(v.strides()[2])};
-  encoder.dispatch([args, fn = attn_fn()]() {
-    const int64_t items = args.H * args.N;
-    if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
-      std::vector<float> scratch(static_cast<size_t>(args.S));
-      fn(args, scratch.data(), 0, items);
-      return;
-    }
-    int64_t chunks = items < 2 * threads() ? items : 2 * threads();
-    const int64_t per_chunk = (items + chunks - 1) / chunks;
-    chunks = (items + per_chunk - 1) / per_chunk;
-    std::vector<float> scratch(static_cast<size_t>(chunks * args.S));
-    AttnJob job{fn, args, scratch.data(), items, per_chunk};
-    Pool::get().run(run_attn_chunk, &job, chunks);
-  });
+  encoder.dispatch([args]() { run_tree_attention(args); });
 }
 
 void TreeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {

@@ -4,12 +4,17 @@
 // (N, 2) uint32, qpos (N,) int32; N <= 64, D <= 256.
 #pragma once
 
+#include "attention_core.h"
 #include "mlx/array.h"
 #include "mlx/primitives.h"
 
 namespace edgespec_native {
 
 namespace mx = mlx::core;
+
+// attention_core.h's contract for all items of `args`, split over the pool's threads when
+// there is enough work (the op's body; also run inside the fused block).
+void run_tree_attention(const AttnArgs& args);
 
 // Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes.
 mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,

@@ -1,0 +1,191 @@
+// See block.h.
+#include "block.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention_core.h"
+#include "dispatch.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "rope_norm.h"
+#include "tree_attention.h"
+
+namespace edgespec_native {
+
+namespace {
+
+enum Input { X, KEYS, VALUES, ANC, QPOS, INV_FREQ, N1, WQKV, WO, N2, WGU, WD, BQKV, BGU, BD, COUNT };
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("decoder_block: " + what);
+}
+
+bool row_contiguous_2d(const mx::array& a, int rows, int cols) {
+  return a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols && a.flags().row_contiguous;
+}
+
+struct BlockJob {
+  BlockShape s;
+  int64_t N, slots, capacity, key_start, window;
+  const float *x, *inv_freq, *n1, *wqkv, *wo, *n2, *wgu, *wd, *bqkv, *bgu, *bd;
+  const uint32_t* anc;
+  const int32_t* qpos;
+  float *out, *keys, *values;
+};
+
+void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
+  if (b == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
+}
+
+void run_block(const BlockJob& j) {
+  const BlockShape& s = j.s;
+  const int64_t N = j.N, H = s.hidden, D = s.head_dim, I = s.intermediate;
+  const int64_t nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
+  std::vector<float> xn(N * H), y(N * nqkv), q(N * nq), attn(N * nq), attn_rows(N * nq),
+      hdn(N * H), g(N * 2 * I), act(N * I);
+  // input norm, q|k|v
+  rms_rows(j.x, H, j.n1, xn.data(), H, N, H, s.eps);
+  small_matmul(xn.data(), H, j.wqkv, H, y.data(), nqkv, N, nqkv, H);
+  add_bias(y.data(), j.bqkv, N, nqkv);
+  // RoPE; k and v straight into the cache rows [slots, slots + N)
+  const int64_t cap = j.capacity;
+  RopeArgs r{y.data(), nqkv, j.qpos, true, j.inv_freq, q.data(), j.keys + j.slots * D,
+             j.values + j.slots * D, N * D, D, cap * D, D, cap * D, D,
+             N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale, s.rope_scale};
+  qkv_rope_rows(r);
+  // attention over the committed rows and the new ones
+  AttnArgs a{q.data(), j.keys, j.values, attn.data(), j.anc, j.qpos,
+             N, j.slots + N, j.slots, s.heads, s.kv_heads, D, j.key_start, j.window,
+             s.attn_scale, 0.0f, N * D, D, cap * D, D, cap * D, D};
+  run_tree_attention(a);
+  for (int64_t h = 0; h < s.heads; ++h)  // (heads, N, D) -> (N, heads * D)
+    for (int64_t i = 0; i < N; ++i)
+      std::memcpy(attn_rows.data() + i * nq + h * D, attn.data() + (h * N + i) * D,
+                  D * sizeof(float));
+  // o_proj and the residual
+  small_matmul(attn_rows.data(), nq, j.wo, nq, hdn.data(), H, N, H, nq);
+  for (int64_t i = 0; i < N * H; ++i) hdn[i] += j.x[i];
+  // post-attention norm, gate|up, SiLU(gate) * up, down, residual
+  rms_rows(hdn.data(), H, j.n2, xn.data(), H, N, H, s.eps);
+  small_matmul(xn.data(), H, j.wgu, H, g.data(), 2 * I, N, 2 * I, H);
+  add_bias(g.data(), j.bgu, N, 2 * I);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < I; ++c) {
+      const float gate = g[i * 2 * I + c], up = g[i * 2 * I + I + c];
+      act[i * I + c] = gate / (1.0f + std::exp(-gate)) * up;
+    }
+  small_matmul(act.data(), I, j.wd, I, j.out, H, N, H, I);
+  add_bias(j.out, j.bd, N, H);
+  for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
+}
+
+// The output buffer `out` for the cache buffer `in`: in's memory when MLX can donate it, else
+// a row-contiguous copy (a sliding window's compacted cache is a strided view).
+void cache_output(const mx::array& in, mx::array& out, mx::cpu::CommandEncoder& encoder) {
+  if (in.is_donatable() && in.flags().row_contiguous) {
+    out.copy_shared_buffer(in);
+    return;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  const auto& st = in.strides();
+  encoder.dispatch([src = in.data<float>(), dst = out.data<float>(), sh = in.shape(),
+                    s0 = int64_t(st[0]), s1 = int64_t(st[1]), s2 = int64_t(st[2]),
+                    s3 = int64_t(st[3])]() {
+    float* o = dst;
+    for (int64_t b = 0; b < sh[0]; ++b)
+      for (int64_t h = 0; h < sh[1]; ++h)
+        for (int64_t t = 0; t < sh[2]; ++t, o += sh[3]) {
+          const float* row = src + b * s0 + h * s1 + t * s2;
+          if (s3 == 1) {
+            std::memcpy(o, row, sh[3] * sizeof(float));
+          } else {
+            for (int64_t d = 0; d < sh[3]; ++d) o[d] = row[d * s3];
+          }
+        }
+  });
+}
+
+}  // namespace
+
+std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
+                                        int64_t slots, int64_t key_start, int64_t window) {
+  check(in.size() == COUNT, "needs x, keys, values, anc, qpos, inv_freq, n1, wqkv, wo, n2, wgu, "
+                            "wd, bqkv, bgu, bd");
+  for (const auto& a : in)
+    if (a.dtype() != mx::float32 && &a != &in[ANC] && &a != &in[QPOS])
+      check(false, "arrays must be float32 (anc uint32, qpos int32)");
+  check(in[ANC].dtype() == mx::uint32 && in[QPOS].dtype() == mx::int32, "anc uint32, qpos int32");
+  const int H = s.hidden, D = s.head_dim, I = s.intermediate;
+  const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
+  check(in[X].ndim() == 2 && in[X].shape(1) == H, "x must be (N, hidden)");
+  const int N = in[X].shape(0);
+  check(N >= 1 && N <= 64, "1..64 tokens");
+  const auto& k = in[KEYS];
+  check(k.ndim() == 4 && k.shape(0) == 1 && k.shape(1) == s.kv_heads && k.shape(3) == D &&
+            in[VALUES].shape() == k.shape(),
+        "keys and values must be (1, kv_heads, capacity, head_dim)");
+  check(slots >= 0 && slots + N <= k.shape(2), "the cache has no room for the new rows");
+  check(in[ANC].ndim() == 2 && in[ANC].shape(0) == N && in[ANC].shape(1) == 2 &&
+            in[QPOS].ndim() == 1 && in[QPOS].shape(0) == N,
+        "anc (N, 2) and qpos (N,)");
+  check(s.rope_dims % 2 == 0 && s.rope_dims <= D && in[INV_FREQ].size() == size_t(s.rope_dims / 2),
+        "inv_freq must have rope_dims / 2 entries");
+  check(in[N1].size() == size_t(H) && in[N2].size() == size_t(H), "norm weights (hidden,)");
+  check(row_contiguous_2d(in[WQKV], nqkv, H) && row_contiguous_2d(in[WO], H, nq) &&
+            row_contiguous_2d(in[WGU], 2 * I, H) && row_contiguous_2d(in[WD], H, I),
+        "weights must be contiguous wqkv ((heads + 2 kv_heads) head_dim, hidden), wo (hidden, "
+        "heads head_dim), wgu (2 intermediate, hidden), wd (hidden, intermediate)");
+  check((in[BQKV].size() == 0 || in[BQKV].size() == size_t(nqkv)) &&
+            (in[BGU].size() == 0 || in[BGU].size() == size_t(2 * I)) &&
+            (in[BD].size() == 0 || in[BD].size() == size_t(H)),
+        "biases must be empty or match their product");
+  auto st = mx::to_stream(mx::StreamOrDevice{});
+  if (st.device.type != mx::Device::cpu) st = mx::to_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = in;
+  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD})
+    inputs[i] = mx::contiguous(in[i], false, st);
+  return mx::array::make_arrays({{N, H}, k.shape(), k.shape()},
+                                {mx::float32, mx::float32, mx::float32},
+                                std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
+                                inputs);
+}
+
+std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
+  return {{in[X].shape(0), shape_.hidden}, in[KEYS].shape(), in[VALUES].shape()};
+}
+
+bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const DecoderBlock&>(other);
+  return shape_ == o.shape_ && slots_ == o.slots_ && key_start_ == o.key_start_ &&
+         window_ == o.window_;
+}
+
+void DecoderBlock::eval_cpu(const std::vector<mx::array>& inputs,
+                            std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+  cache_output(inputs[KEYS], outputs[1], encoder);
+  cache_output(inputs[VALUES], outputs[2], encoder);
+  for (auto& o : outputs) encoder.set_output_array(o);
+  auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
+  BlockJob job{shape_, int64_t(inputs[X].shape(0)), slots_, int64_t(inputs[KEYS].shape(2)),
+               key_start_, window_, ptr(X), ptr(INV_FREQ), ptr(N1), ptr(WQKV), ptr(WO), ptr(N2),
+               ptr(WGU), ptr(WD), ptr(BQKV), ptr(BGU), ptr(BD), inputs[ANC].data<uint32_t>(),
+               inputs[QPOS].data<int32_t>(), outputs[0].data<float>(),
+               outputs[1].data<float>(), outputs[2].data<float>()};
+  encoder.dispatch([job]() { run_block(job); });
+}
+
+void DecoderBlock::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("EdgespecDecoderBlock has no GPU form; the FusedBlock path runs there");
+}
+
+}  // namespace edgespec_native

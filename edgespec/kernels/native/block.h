@@ -1,0 +1,58 @@
+// A whole pre-norm decoder block (llama-style: RMSNorm, one q|k|v product, RoPE, tree attention
+// over the KV cache, o_proj, residual, RMSNorm, one gate|up product, SiLU, down, residual) as
+// one MLX operation, for the small inputs of decoding and verification (batch 1, N <= 64
+// tokens; float32 weights). MLX's CPU backend costs microseconds per operation whatever its
+// size, and a block had about 15 of them around its four products; here it has one.
+//
+//   decoder_block(x, keys, values, anc, qpos, inv_freq, n1, wqkv, wo, n2, wgu, wd,
+//                 bqkv, bgu, bd, shape, slots, key_start, window) -> (out, keys', values')
+//
+// x (N, H). keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
+// committed rows first; the N new rows are written at [slots, slots + N) and attended with
+// the committed ones under the TreeMask (anc, qpos, key_start, window: attention_core.h's
+// contract; qpos are also the RoPE positions). keys'/values' are the buffers with those rows
+// (the inputs' memory when MLX can donate it, else a copy). The biases are empty arrays when
+// the block has none. Every step is the ops' own (rope_norm.h, dispatch.h, attention_core.h),
+// row by row, so a row's result does not depend on the rows computed with it; the pure-MLX
+// twin is the FusedBlock path of edgespec/kernels/fused_block.py.
+#pragma once
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+
+namespace edgespec_native {
+
+namespace mx = mlx::core;
+
+struct BlockShape {
+  int hidden, heads, kv_heads, head_dim, intermediate, rope_dims;
+  bool traditional;
+  float mscale, rope_scale, eps, attn_scale;
+  bool operator==(const BlockShape&) const = default;
+};
+
+// Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes.
+std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
+                                        const BlockShape& shape, int64_t slots,
+                                        int64_t key_start, int64_t window);
+
+class DecoderBlock : public mx::Primitive {
+ public:
+  DecoderBlock(mx::Stream stream, BlockShape shape, int64_t slots, int64_t key_start,
+               int64_t window)
+      : mx::Primitive(stream), shape_(shape), slots_(slots), key_start_(key_start),
+        window_(window) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override { return "EdgespecDecoderBlock"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  BlockShape shape_;
+  int64_t slots_, key_start_, window_;
+};
+
+}  // namespace edgespec_native

@@ -1,0 +1,108 @@
+"""The whole decoder block as one native operation (kernels/native/block.cpp, used by
+``FusedBlock`` for float blocks on the CPU, batch 1, <= 32 tokens under a TreeMask) against its
+pure-MLX twin (the fused path with the native block off): logits and the cache's keys/values
+after chains and trees, with and without biases, through a sliding window whose compacted
+cache is a strided view; greedy output of every drafter stays plain decoding's (the engine
+tests); bad inputs name what is allowed."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec.kernels import native
+from edgespec.targets import load_target
+from edgespec.tree import DraftTree
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+from .tiny import KINDS
+
+
+def _run(target, on: bool, context: int):
+    """Logits of a chain and a tree after ``context`` tokens, and the cache after committing."""
+    blocks = [b._fused for b in target.model.model.layers]
+    saved = [f.native_args for f in blocks]
+    if not on:
+        for f in blocks:
+            f.native_args = None
+    try:
+        cache = target.make_cache()
+        ids = [(5 * i + 3) % 200 + 4 for i in range(context + 12)]
+        for a in range(0, context, 64):  # prefill chunks: > 32 tokens, the fused path
+            target.score(ids[a : min(a + 64, context)], cache, head=False)
+            cache.commit()
+        outs = [target.score(ids[context : context + 5], cache).logits]
+        cache.commit()
+        tree = DraftTree([ids[context + 5], 9, 10, 11, 12, 13], [-1, 0, 0, 1, 1, 3])
+        outs.append(target.score(tree, cache).logits)
+        cache.commit([0, 1, 3])
+        outs.append(target.score([7], cache).logits)
+        cache.commit()
+        n = cache.offset - cache.start
+        kv = [np.array(a[..., : cache.slots(i), :]) for i, a in enumerate(cache.keys)]
+        return [np.array(o) for o in outs], kv, n
+    finally:
+        for f, a in zip(blocks, saved):
+            f.native_args = a
+
+
+@pytest.mark.parametrize("kind,context", [("llama", 20), ("bias", 20), ("window", 20),
+                                          ("window", 340)])
+def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context):
+    target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
+    assert all(b._fused.native_args is not None for b in target.model.model.layers)
+    calls = []
+    real = mod.decoder_block
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    mod.decoder_block = counted
+    try:
+        got, got_kv, n1 = _run(target, True, context)
+    finally:
+        mod.decoder_block = real
+    want, want_kv, n2 = _run(target, False, context)
+    assert calls and n1 == n2
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+    for g, w in zip(got_kv, want_kv):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    ids = [(3 * i + 1) % 200 + 4 for i in range(30)]
+    whole_cache, one_cache = target.make_cache(), target.make_cache()
+    for c in (whole_cache, one_cache):
+        target.score(ids[:20], c)
+        c.commit()
+    # hidden states: the LM head may take the BLAS for one row and the kernel for eight
+    whole = target.score(ids[20:28], whole_cache, head=False).hidden
+    for i in range(8):
+        row = target.score(ids[20 + i : 21 + i], one_cache, head=False).hidden
+        one_cache.commit()
+        assert mx.array_equal(row[0], whole[i]).item(), i
+
+
+def test_bad_inputs_name_what_is_allowed(mod):
+    x = mx.zeros((2, 8))
+    keys = mx.zeros((1, 1, 16, 4))
+    anc, qpos = mx.zeros((2, 2), dtype=mx.uint32), mx.zeros((2,), dtype=mx.int32)
+    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((8,)), mx.zeros((16, 8)),
+              mx.zeros((8, 8)), mx.ones((8,)), mx.zeros((32, 8)), mx.zeros((8, 16)),
+              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,))]
+    args = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, rope_dims=4,
+                traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
+                key_start=0, window=0)
+    out, k, v = mod.decoder_block(arrays, slots=3, **args)
+    assert out.shape == (2, 8) and k.shape == keys.shape
+    with pytest.raises(ValueError, match="no room for the new rows"):
+        mod.decoder_block(arrays, slots=15, **args)
+    with pytest.raises(ValueError, match=r"wqkv \(\(heads \+ 2 kv_heads\) head_dim, hidden\)"):
+        mod.decoder_block(arrays[:7] + [mx.zeros((12, 8))] + arrays[8:], slots=3, **args)
+    with pytest.raises(ValueError, match="needs x, keys, values"):
+        mod.decoder_block(arrays[:5], slots=3, **args)
+    assert native.load() is mod
