@@ -6,6 +6,9 @@
 // Contract (every ISA): rows n0 <= n < n1 of y (M, ldy) from x (M, ldx), the packed rows wq
 // (row stride ldq bytes) and scales/biases (row stride ldg). K is a multiple of gs, gs of 16.
 // As in kernel.h, each output is summed in one order whatever M is.
+// For bits = 4 the AVX-512 and AVX2 forms take x de-interleaved per 32-value block (values
+// 0, 2, .., 30 then 1, 3, .., 31: the low nibbles, then the high nibbles of 16 packed bytes;
+// quantized_matmul.cpp's deinterleave32); the generic form takes x as it is.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dispatch.h"
 #include "kernel_q.h"
@@ -61,6 +62,17 @@ void run_qchunk(void* ctx, int64_t chunk) {
                 n0, n1);
 }
 
+// x (M, K; row stride ldx) with each 32-value block de-interleaved into xp (M, K): the
+// order the AVX-512 and AVX2 forms take for 4 bits (kernel_q.h).
+void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; k += 32)
+      for (int t = 0; t < 16; ++t) {
+        xp[m * K + k + t] = x[m * ldx + k + 2 * t];
+        xp[m * K + k + 16 + t] = x[m * ldx + k + 2 * t + 1];
+      }
+}
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
 }
@@ -114,6 +126,13 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
            int64_t(x.shape(1)), group_size_, 0};
   encoder.dispatch([job]() mutable {
     if (job.M == 0 || job.N == 0) return;
+    std::vector<float> xp;
+    if (job.bits == 4 && job.isa != 0) {
+      xp.resize(job.M * job.K);
+      deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
+      job.x = xp.data();
+      job.ldx = job.K;
+    }
     // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
     job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
     if (job.rows < 4) job.rows = 4;
