@@ -25,6 +25,14 @@ void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int6
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1);
+// The opt-in int8-activation form (4 bits, AVX-512 VNNI; kernel_q8_avx512.cpp): x given as
+// xe / xo (M rows of Kp/2 int8, row stride ldxq; Kp = K rounded up to 128, zeros past K): the
+// quantized values of x at even / odd positions; dl (M, ldd >= Kp/8): each 32-value block's
+// scale d repeated 4 times (0 past K); xs (M, ldxs >= K/gs): per group sum of d * q.
+void q8rows_avx512vnni(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
+                       int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq,
+                       int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
+                       int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1);
 #endif
 
 }  // namespace edgespec_native

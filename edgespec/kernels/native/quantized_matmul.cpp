@@ -1,6 +1,7 @@
 // See quantized_matmul.h and kernel_q.h.
 #include "quantized_matmul.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +14,16 @@
 #include "pool.h"
 
 namespace edgespec_native {
+
+bool has_q8_activations() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return isa() == "avx512" && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
 
 void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                    const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
@@ -37,6 +48,10 @@ namespace {
 struct QJob {
   int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
+  bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
+  const int8_t *xe, *xo;
+  const float *dl, *xs;
+  int64_t ldxq, ldd, ldxs;
   const float* x;
   int64_t ldx;
   const uint8_t* wq;
@@ -51,6 +66,9 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const QJob& j = *static_cast<const QJob*>(ctx);
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
+  if (j.q8)
+    return q8rows_avx512vnni(j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq, j.s, j.b,
+                             j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
                         j.gs, n0, n1);
@@ -73,6 +91,39 @@ void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K
       }
 }
 
+// x (M, K; row stride ldx) quantized per 32-value block for q8rows_avx512vnni (kernel_q.h):
+// d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does.
+struct X8 {
+  std::vector<int8_t> xe, xo;
+  std::vector<float> dl, xs;
+  int64_t kp;
+};
+
+X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs) {
+  X8 r;
+  r.kp = (K + 127) / 128 * 128;
+  r.xe.assign(M * r.kp / 2, 0);
+  r.xo.assign(M * r.kp / 2, 0);
+  r.dl.assign(M * r.kp / 8, 0.0f);
+  r.xs.assign(M * (K / gs), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      const float* xb = x + m * ldx + k0;
+      float amax = 0.0f;
+      for (int t = 0; t < 32; ++t) amax = std::fmax(amax, std::fabs(xb[t]));
+      const float d = amax / 127.0f;
+      int sum = 0;
+      for (int t = 0; t < 32; ++t) {
+        const int q = d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
+        sum += q;
+        (t % 2 ? r.xo : r.xe)[m * r.kp / 2 + (k0 + t) / 2] = static_cast<int8_t>(q);
+      }
+      for (int l = 0; l < 4; ++l) r.dl[m * r.kp / 8 + k0 / 8 + l] = d;
+      r.xs[m * (K / gs) + k0 / gs] += d * static_cast<float>(sum);
+    }
+  return r;
+}
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
 }
@@ -81,8 +132,10 @@ void check(bool ok, const std::string& what) {
 
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
-                                    int group_size, int bits) {
+                                    int group_size, int bits, bool q8) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(!q8 || (bits == 4 && has_q8_activations()),
+        "int8 activations need bits 4 and AVX-512 VNNI code (has_q8_activations())");
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128");
   check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
@@ -103,7 +156,7 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
   auto x2 = mx::contiguous(mx::reshape(x, {static_cast<int>(M), K}, s), false, s);
   auto y = mx::array(
       {static_cast<int>(M), N}, mx::float32,
-      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits),
+      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits, q8),
       {x2, mx::contiguous(wq, false, s), mx::contiguous(scales, false, s),
        mx::contiguous(biases, false, s)});
   return mx::reshape(y, out_shape, s);
@@ -119,7 +172,8 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, x.data<float>(), int64_t(x.shape(1)),
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr,
+           nullptr, nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
@@ -127,7 +181,17 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   encoder.dispatch([job]() mutable {
     if (job.M == 0 || job.N == 0) return;
     std::vector<float> xp;
-    if (job.bits == 4 && job.isa != 0) {
+    X8 x8;
+    if (job.q8) {
+      x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs);
+      job.xe = x8.xe.data();
+      job.xo = x8.xo.data();
+      job.dl = x8.dl.data();
+      job.xs = x8.xs.data();
+      job.ldxq = x8.kp / 2;
+      job.ldd = x8.kp / 8;
+      job.ldxs = job.K / job.gs;
+    } else if (job.bits == 4 && job.isa != 0) {
       xp.resize(job.M * job.K);
       deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
       job.x = xp.data();
