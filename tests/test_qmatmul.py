@@ -64,23 +64,25 @@ def test_kernel_equals_twin(mod, m, n, groups, group_size, bits, seed):  # noqa:
 
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(m=st.integers(1, 40), n=st.sampled_from([1, 3, 4, 5, 17, 130]), groups=st.integers(1, 12),
-       group_size=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2**31 - 1))
-def test_q8_kernel_equals_its_twin_and_rows_are_independent(mod, m, n, groups, group_size, seed):  # noqa: F811
+       group_size=st.sampled_from([32, 64, 128]), bits=st.sampled_from([4, 8]),
+       seed=st.integers(0, 2**31 - 1))
+def test_q8_kernel_equals_its_twin_and_rows_are_independent(mod, m, n, groups, group_size, bits,  # noqa: F811
+                                                            seed):
     if not mod.has_q8_activations():
         pytest.skip("no AVX-512 VNNI code on this CPU")
     rng = np.random.default_rng(seed)
     k = groups * group_size
-    q = _quantized(rng, n, k, group_size, 4)
+    q = _quantized(rng, n, k, group_size, bits)
     x = mx.array(rng.standard_normal((m, k), dtype=np.float32) * rng.uniform(0.01, 10))
-    y = quantized_small_matmul_native(x, *q, group_size, 4, q8=True)
-    w = np.array(mx.dequantize(*q, group_size=group_size, bits=4), dtype=np.float64)
+    y = quantized_small_matmul_native(x, *q, group_size, bits, q8=True)
+    w = np.array(mx.dequantize(*q, group_size=group_size, bits=bits), dtype=np.float64)
     xh = np.array(round_x8(x), dtype=np.float64)
     bound = RTOL_ABS_SUM * (np.abs(xh) @ np.abs(w).T) + 1e-30
-    twin = np.array(quantized_small_matmul_q8_mlx(x, *q, group_size, 4))
+    twin = np.array(quantized_small_matmul_q8_mlx(x, *q, group_size, bits))
     assert (np.abs(np.array(y) - twin) <= bound).all()
     assert (np.abs(np.array(y) - xh @ w.T) <= bound).all()
     i = int(rng.integers(m))
-    assert mx.array_equal(quantized_small_matmul_native(x[i:i + 1], *q, group_size, 4, q8=True),
+    assert mx.array_equal(quantized_small_matmul_native(x[i:i + 1], *q, group_size, bits, q8=True),
                           y[i:i + 1]).item()
 
 
@@ -99,7 +101,8 @@ def test_q8_activations_are_opt_in(mod, monkeypatch):  # noqa: F811
     if not mod.has_q8_activations():
         assert not backend.use_q8_activations(4)
         return
-    assert backend.use_q8_activations(4) and not backend.use_q8_activations(8)
+    assert backend.use_q8_activations(4) and backend.use_q8_activations(8)
+    assert not backend.use_q8_activations(3)
     got = quantized_small_matmul(x, *q, 32, 4)
     assert mx.array_equal(got, quantized_small_matmul_native(x, *q, 32, 4, q8=True)).item()
     assert not mx.array_equal(got, float_way).item()  # it did round x

@@ -8,7 +8,7 @@ with the native module loaded and SIMD code for this CPU (AVX-512 or AVX2), for
 ``m <= SMALL_M_MAX`` rows and products of at least ``MIN_WORK`` multiply-adds.
 ``use_q8_activations(bits)``: whether the quantized kernel first rounds x to int8 per 32 values
 (``EDGESPEC_Q8_ACTIVATIONS=1`` or ``set_q8_activations(True)``; opt-in because it changes the
-numerics; 4-bit weights on AVX-512 VNNI CPUs only). ``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
+numerics; AVX-512 VNNI CPUs only). ``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
 ``EDGESPEC_NATIVE=0`` does the same from the environment). ``choice_key()`` is what the
 choice depends on besides the shape: compiled functions that made it while tracing are
 cached under it.
@@ -80,9 +80,9 @@ def q8_activations_requested() -> bool:
 
 def use_q8_activations(bits: int) -> bool:
     """Whether the quantized kernel rounds x to int8 per 32 values (kernels/qmatmul.py): asked
-    for, 4-bit weights, and the native module's AVX-512 VNNI code can run (else the float
+    for, 4- or 8-bit weights, and the native module's AVX-512 VNNI code can run (else the float
     kernel runs, numerics unchanged)."""
-    if bits != 4 or not q8_activations_requested() or not native_enabled():
+    if bits not in (4, 8) or not q8_activations_requested() or not native_enabled():
         return False
     return bool(getattr(native.load(), "has_q8_activations", lambda: False)())
 
@@ -124,7 +124,7 @@ def native_summary() -> str:
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
     q8 = ("off" if not q8_activations_requested() else
-          "on: x rounded to int8 per 32 values for 4-bit weights" if use_q8_activations(4) else
+          "on: x rounded to int8 per 32 values" if use_q8_activations(4) else
           f"asked ({Q8_ENV}=1) but no AVX-512 VNNI code here: float x")
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
             f", quantized_small_matmul (4/8-bit; int8 activations {q8}), tree_attention (<= 64 nodes), rms_norm, "

@@ -13,10 +13,10 @@ one-row time: 12 ms for 8 rows of the demo's gate|up against 1.5 ms for one).
 ``quantized_small_matmul_native`` always runs the kernel. Agreement with the twin: within
 1e-5 · Σ_k |x_k · w_k| of the dequantized weights (``tests/test_qmatmul.py``).
 
-Opt-in int8 activations (``backend.use_q8_activations``: ``EDGESPEC_Q8_ACTIVATIONS=1``, 4-bit
-weights, AVX-512 VNNI; ``kernels/native/kernel_q8_avx512.cpp``): each row of x is rounded per
-32-value block to int8 q with scale d = max|x| / 127 (q = round-half-even(x / d)), the 4-bit
-values are multiplied with q exactly in int32 (vpdpbusd) and scaled by group scale × d, plus
+Opt-in int8 activations (``backend.use_q8_activations``: ``EDGESPEC_Q8_ACTIVATIONS=1``, 4 or 8
+bits, AVX-512 VNNI; ``kernels/native/kernel_q8_avx512.cpp``): each row of x is rounded per
+32-value block to int8 q with scale d = max|x| / 127 (q = round-half-even(x / d)), the 4- or
+8-bit values are multiplied with q exactly in int32 (vpdpbusd) and scaled by group scale × d, plus
 bias × Σ d·q per group. Its twin ``quantized_small_matmul_q8_mlx`` rounds x the same way in MLX
 and multiplies ``d * q`` with the dequantized weights in float32; agreement: within 1e-5 ·
 Σ_k |x̂_k · w_k|, x̂ = d·q. A row's result does not depend on the other rows either way.

@@ -25,11 +25,13 @@ void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int6
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1);
-// The opt-in int8-activation form (4 bits, AVX-512 VNNI; kernel_q8_avx512.cpp): x given as
-// xe / xo (M rows of Kp/2 int8, row stride ldxq; Kp = K rounded up to 128, zeros past K): the
-// quantized values of x at even / odd positions; dl (M, ldd >= Kp/8): each 32-value block's
-// scale d repeated 4 times (0 past K); xs (M, ldxs >= K/gs): per group sum of d * q.
-void q8rows_avx512vnni(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
+// The opt-in int8-activation form (AVX-512 VNNI; kernel_q8_avx512.cpp), x quantized per
+// 32-value block to int8 q with scale d. 4 bits: xe / xo (M rows of Kp/2 int8, row stride
+// ldxq; Kp = K rounded up to 128, zeros past K) hold q at even / odd positions; dl (M, ldd >=
+// Kp/8): each block's d once per 8 values (4 times). 8 bits: xe holds q in order (Kp = K
+// rounded up to 64), xo is unused, dl has d once per 4 values (8 times). Both: xs (M, ldxs >=
+// K/gs) the per-group sums of d * q.
+void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
                        int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq,
                        int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
                        int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1);

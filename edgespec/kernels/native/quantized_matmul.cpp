@@ -67,7 +67,7 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
   if (j.q8)
-    return q8rows_avx512vnni(j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq, j.s, j.b,
+    return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq, j.s, j.b,
                              j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
@@ -91,20 +91,24 @@ void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K
       }
 }
 
-// x (M, K; row stride ldx) quantized per 32-value block for q8rows_avx512vnni (kernel_q.h):
-// d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does.
+// x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's layout for
+// q8rows_avx512vnni: d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as
+// qmatmul.py's twin does it.
 struct X8 {
   std::vector<int8_t> xe, xo;
   std::vector<float> dl, xs;
-  int64_t kp;
+  int64_t ldxq, ldd;
 };
 
-X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs) {
+X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, int bits) {
   X8 r;
-  r.kp = (K + 127) / 128 * 128;
-  r.xe.assign(M * r.kp / 2, 0);
-  r.xo.assign(M * r.kp / 2, 0);
-  r.dl.assign(M * r.kp / 8, 0.0f);
+  const int64_t step = bits == 4 ? 128 : 64, lane_vals = bits == 4 ? 8 : 4;
+  const int64_t kp = (K + step - 1) / step * step;
+  r.ldxq = bits == 4 ? kp / 2 : kp;
+  r.ldd = kp / lane_vals;
+  r.xe.assign(M * r.ldxq, 0);
+  if (bits == 4) r.xo.assign(M * r.ldxq, 0);
+  r.dl.assign(M * r.ldd, 0.0f);
   r.xs.assign(M * (K / gs), 0.0f);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
@@ -116,9 +120,12 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs) {
       for (int t = 0; t < 32; ++t) {
         const int q = d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
         sum += q;
-        (t % 2 ? r.xo : r.xe)[m * r.kp / 2 + (k0 + t) / 2] = static_cast<int8_t>(q);
+        if (bits == 8)
+          r.xe[m * r.ldxq + k0 + t] = static_cast<int8_t>(q);
+        else
+          (t % 2 ? r.xo : r.xe)[m * r.ldxq + (k0 + t) / 2] = static_cast<int8_t>(q);
       }
-      for (int l = 0; l < 4; ++l) r.dl[m * r.kp / 8 + k0 / 8 + l] = d;
+      for (int64_t l = 0; l < 32 / lane_vals; ++l) r.dl[m * r.ldd + k0 / lane_vals + l] = d;
       r.xs[m * (K / gs) + k0 / gs] += d * static_cast<float>(sum);
     }
   return r;
@@ -134,8 +141,8 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
                                     int group_size, int bits, bool q8) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
-  check(!q8 || (bits == 4 && has_q8_activations()),
-        "int8 activations need bits 4 and AVX-512 VNNI code (has_q8_activations())");
+  check(!q8 || has_q8_activations(),
+        "int8 activations need AVX-512 VNNI code (has_q8_activations())");
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128");
   check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
@@ -183,13 +190,13 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
     std::vector<float> xp;
     X8 x8;
     if (job.q8) {
-      x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs);
+      x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs, job.bits);
       job.xe = x8.xe.data();
       job.xo = x8.xo.data();
       job.dl = x8.dl.data();
       job.xs = x8.xs.data();
-      job.ldxq = x8.kp / 2;
-      job.ldd = x8.kp / 8;
+      job.ldxq = x8.ldxq;
+      job.ldd = x8.ldd;
       job.ldxs = job.K / job.gs;
     } else if (job.bits == 4 && job.isa != 0) {
       xp.resize(job.M * job.K);
