@@ -1,11 +1,12 @@
-// The opt-in int8-activation form of kernel_q.h's 4-bit product (EDGESPEC_Q8_ACTIVATIONS=1),
+// The opt-in int8-activation form of kernel_q.h's product (EDGESPEC_Q8_ACTIVATIONS=1),
 // compiled with -mavx512f -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA
 // files include nothing else). x comes quantized per 32-value block (quantized_matmul.cpp's
-// quantize_x8): int8 q with a float scale d, x ~ d * q. Per 128 values (4 blocks, 64 packed
-// bytes) and weight row, one mask and one shift + mask give the 4-bit values as bytes (low
+// quantize_x8): int8 q with a float scale d, x ~ d * q. 4 bits, per 128 values (4 blocks, 64
+// packed bytes) and weight row: one mask and one shift + mask give the values as bytes (low
 // nibbles: even values, high: odd), and two vpdpbusd (u8 x s8 -> int32, exact) against the
-// even / odd int8 values of x give 16 int32 lanes, 4 per block; each lane is then scaled by
-// its group's scale times its block's d. The bias part, sum_g bias_g * sum_(k in g) d q_k, is
+// even / odd int8 values of x give 16 int32 lanes, 4 per block. 8 bits, per 64 values: the
+// bytes go straight into one vpdpbusd, 8 lanes per block. Each lane is then scaled by its
+// group's scale times its block's d. The bias part, sum_g bias_g * sum_(k in g) d q_k, is
 // a short float dot over the groups at the end. Each output's order is fixed whatever M is.
 #include <immintrin.h>
 
@@ -69,9 +70,9 @@ inline void q8columns(const int8_t* xe, const int8_t* xo, int64_t ldxq, const fl
                       int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq, int64_t ldq,
                       const float* s, const float* b, int64_t ldg, float* y, int64_t ldy,
                       int64_t M, int64_t K, int64_t gs) {
-#define Q8ROWS(MB, m)                                                                          \
-  q8block<BITS, MB, NB>(xe + (m) * ldxq, xo + (m) * ldxq, ldxq, dl + (m) * ldd, ldd, xs + (m) * ldxs, \
-                  ldxs, wq, ldq, s, b, ldg, y + (m) * ldy, ldy, K, gs)
+#define Q8ROWS(MB, m)                                                                 \
+  q8block<BITS, MB, NB>(xe + (m) * ldxq, xo + (m) * ldxq, ldxq, dl + (m) * ldd, ldd,   \
+                        xs + (m) * ldxs, ldxs, wq, ldq, s, b, ldg, y + (m) * ldy, ldy, K, gs)
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) Q8ROWS(4, m);
   switch (M - m) {
@@ -90,20 +91,21 @@ void q8rows(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl, i
             int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4)
-    q8columns<BITS, 4>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg, b + n * ldg,
-                 ldg, y + n, ldy, M, K, gs);
+    q8columns<BITS, 4>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg,
+                       b + n * ldg, ldg, y + n, ldy, M, K, gs);
   for (; n < n1; ++n)
-    q8columns<BITS, 1>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg, b + n * ldg,
-                 ldg, y + n, ldy, M, K, gs);
+    q8columns<BITS, 1>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg,
+                       b + n * ldg, ldg, y + n, ldy, M, K, gs);
 }
 
 }  // namespace
 
-void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
-                       int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq,
-                       int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
-                       int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
-  if (bits == 8) return q8rows<8>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq,
+                       const float* dl, int64_t ldd, const float* xs, int64_t ldxs,
+                       const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                       int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  if (bits == 8)
+    return q8rows<8>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
   q8rows<4>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
 }
 

@@ -63,7 +63,6 @@ inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum8(v)
-#define MB_MAX 4
 #define NB_MAX 2
 #define QROWS_FN qrows_avx2_impl
 #include "kernel_q_blocks.inc"

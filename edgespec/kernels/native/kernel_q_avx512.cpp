@@ -26,7 +26,8 @@ struct Deq<4> {
       : table(_mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                               _mm512_set1_ps(s), _mm512_set1_ps(b))) {}
   inline void step(const uint8_t* row, int64_t k, __m512* w) const {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+    const __m512i v =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
     w[0] = _mm512_permutexvar_ps(v, table);
     w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
@@ -51,7 +52,6 @@ struct Deq<8> {
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSUM(v) _mm512_reduce_add_ps(v)
-#define MB_MAX 4
 #define NB_MAX 4
 #define QROWS_FN qrows_avx512_impl
 #include "kernel_q_blocks.inc"

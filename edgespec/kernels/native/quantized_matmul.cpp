@@ -67,8 +67,8 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
   if (j.q8)
-    return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq, j.s, j.b,
-                             j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
+    return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
+                             j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
                         j.gs, n0, n1);
@@ -114,11 +114,16 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, in
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
       const float* xb = x + m * ldx + k0;
       float amax = 0.0f;
-      for (int t = 0; t < 32; ++t) amax = std::fmax(amax, std::fabs(xb[t]));
-      const float d = amax / 127.0f;
+      bool finite = true;
+      for (int t = 0; t < 32; ++t) {
+        finite = finite && std::isfinite(xb[t]);
+        amax = std::fmax(amax, std::fabs(xb[t]));
+      }
+      // A NaN or infinity makes the block's scale NaN, so it reaches the outputs as NaN.
+      const float d = finite ? amax / 127.0f : std::nanf("");
       int sum = 0;
       for (int t = 0; t < 32; ++t) {
-        const int q = d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
+        const int q = finite && d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
         sum += q;
         if (bits == 8)
           r.xe[m * r.ldxq + k0 + t] = static_cast<int8_t>(q);
