@@ -86,6 +86,16 @@ def test_q8_kernel_equals_its_twin_and_rows_are_independent(mod, m, n, groups, g
                           y[i:i + 1]).item()
 
 
+def test_q8_non_finite_x_gives_nan_in_its_row_only(mod):  # noqa: F811
+    if not mod.has_q8_activations():
+        pytest.skip("no AVX-512 VNNI code on this CPU")
+    q = _quantized(np.random.default_rng(6), 8, 128, 32, 4)
+    xn = np.random.default_rng(7).standard_normal((3, 128), dtype=np.float32)
+    xn[1, 40], xn[2, 70] = np.nan, np.inf
+    y = np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, 4, q8=True))
+    assert np.isfinite(y[0]).all() and np.isnan(y[1:]).all()
+
+
 def test_q8_activations_are_opt_in(mod, monkeypatch):  # noqa: F811
     q = _quantized(np.random.default_rng(4), 64, 256, 32, 4)
     x = mx.array(np.random.default_rng(5).standard_normal((3, 256), dtype=np.float32))
