@@ -1,9 +1,10 @@
 // AVX2 + FMA form of kernel_q.h's contract (compiled with -mavx2 -mfma only; see kernel.h for
 // why the ISA files include nothing else): 8 values a vector, blocks of 4 rows x 2 columns.
 //
-// 4 bits: 16 packed bytes (32 values) are split once into their low nibbles (the even values)
-// and high nibbles (the odd values) with a mask and a shift + mask on 16 bytes, then each half
-// of each is widened, converted and fma(q, scale, bias)'d: x comes de-interleaved (kernel_q.h).
+// 4 bits: 16 packed bytes (32 values) give their low nibbles (the even values; a mask) and then
+// their high nibbles (the odd values; a shift and a mask), 8 at a time widened, converted and
+// fma(q, scale, bias)'d: x comes de-interleaved (kernel_q.h). In two parts, so that only 2
+// weight vectors per column are live (4 spilled registers at 4 rows x 2 columns).
 // 8 bits: widen, convert, fma(q, scale, bias) per 8 values.
 #include <immintrin.h>
 
@@ -24,14 +25,13 @@ struct Deq<4> {
   __m256 s, b;
   Deq() = default;
   Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
-  inline void step(const uint8_t* row, int64_t k, __m256* w) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
-    const __m128i m = _mm_set1_epi8(15);
-    const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-    w[0] = deq8(lo, s, b);
-    w[1] = deq8(_mm_unpackhi_epi64(lo, lo), s, b);
-    w[2] = deq8(hi, s, b);
-    w[3] = deq8(_mm_unpackhi_epi64(hi, hi), s, b);
+  // part 0: the low nibbles of 16 packed bytes (the even values), part 1: the high ones.
+  inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    if (part) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    w[0] = deq8(v, s, b);
+    w[1] = deq8(_mm_unpackhi_epi64(v, v), s, b);
   }
 };
 
@@ -40,13 +40,10 @@ struct Deq<8> {
   __m256 s, b;
   Deq() = default;
   Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
-  inline void step(const uint8_t* row, int64_t k, __m256* w) const {
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k));
-    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16));
-    w[0] = deq8(lo, s, b);
-    w[1] = deq8(_mm_unpackhi_epi64(lo, lo), s, b);
-    w[2] = deq8(hi, s, b);
-    w[3] = deq8(_mm_unpackhi_epi64(hi, hi), s, b);
+  inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * part));
+    w[0] = deq8(v, s, b);
+    w[1] = deq8(_mm_unpackhi_epi64(v, v), s, b);
   }
 };
 
@@ -64,6 +61,7 @@ inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum8(v)
 #define NB_MAX 2
+#define PARTS 2
 #define QROWS_FN qrows_avx2_impl
 #include "kernel_q_blocks.inc"
 

@@ -25,7 +25,7 @@ struct Deq<4> {
   Deq(float s, float b)
       : table(_mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                               _mm512_set1_ps(s), _mm512_set1_ps(b))) {}
-  inline void step(const uint8_t* row, int64_t k, __m512* w) const {
+  inline void step(const uint8_t* row, int64_t k, int, __m512* w) const {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
     w[0] = _mm512_permutexvar_ps(v, table);
@@ -38,7 +38,7 @@ struct Deq<8> {
   __m512 s, b;
   Deq() = default;
   Deq(float s_, float b_) : s(_mm512_set1_ps(s_)), b(_mm512_set1_ps(b_)) {}
-  inline void step(const uint8_t* row, int64_t k, __m512* w) const {
+  inline void step(const uint8_t* row, int64_t k, int, __m512* w) const {
     for (int v = 0; v < 2; ++v)
       w[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
                                  reinterpret_cast<const __m128i*>(row + k + 16 * v)))),
@@ -53,6 +53,7 @@ struct Deq<8> {
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSUM(v) _mm512_reduce_add_ps(v)
 #define NB_MAX 4
+#define PARTS 1
 #define QROWS_FN qrows_avx512_impl
 #include "kernel_q_blocks.inc"
 
