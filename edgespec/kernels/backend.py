@@ -6,7 +6,9 @@ kernel (``kernels/native``) instead of MLX's matmul (the BLAS). The rule is per 
 comes from measurements on the dev machine (docs/architecture.md, "Backends"): on the CPU,
 with the native module loaded and SIMD code for this CPU (AVX-512 or AVX2), for
 ``m <= SMALL_M_MAX`` rows and products of at least ``MIN_WORK`` multiply-adds.
-``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
+``use_q8_activations(bits)``: whether the quantized kernel first rounds x to int8 per 32 values
+(``EDGESPEC_Q8_ACTIVATIONS=1`` or ``set_q8_activations(True)``; opt-in because it changes the
+numerics; AVX-512 VNNI CPUs only). ``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
 ``EDGESPEC_NATIVE=0`` does the same from the environment). ``choice_key()`` is what the
 choice depends on besides the shape: compiled functions that made it while tracing are
 cached under it.
@@ -29,6 +31,8 @@ MIN_WORK = 100_000
 SIMD_ISAS = ("avx512", "avx2")
 
 _enabled = [True]
+Q8_ENV = "EDGESPEC_Q8_ACTIVATIONS"
+_q8_override: list[bool | None] = [None]  # set_q8_activations' override of Q8_ENV
 
 
 class KernelError(EdgespecError, ValueError):
@@ -53,7 +57,34 @@ def native_enabled() -> bool:
 
 
 def choice_key() -> tuple:
-    return native_enabled(), SMALL_M_MAX, MIN_WORK
+    return native_enabled(), SMALL_M_MAX, MIN_WORK, q8_activations_requested()
+
+
+def set_q8_activations(enabled: bool | None) -> None:
+    """Override ``EDGESPEC_Q8_ACTIVATIONS`` for this process (None: back to the environment)."""
+    _q8_override[0] = None if enabled is None else bool(enabled)
+
+
+def q8_activations_requested() -> bool:
+    """The one place ``EDGESPEC_Q8_ACTIVATIONS`` is read: "1" asks for int8 activations in the
+    4-bit kernel, "0" or unset does not; any other value is an error."""
+    if _q8_override[0] is not None:
+        return _q8_override[0]
+    import os
+
+    value = os.environ.get(Q8_ENV, "0") or "0"
+    if value not in ("0", "1"):
+        raise KernelError(f"{Q8_ENV}={value!r} is not one of 0, 1")
+    return value == "1"
+
+
+def use_q8_activations(bits: int) -> bool:
+    """Whether the quantized kernel rounds x to int8 per 32 values (kernels/qmatmul.py): asked
+    for, 4- or 8-bit weights, and the native module's AVX-512 VNNI code can run (else the float
+    kernel runs, numerics unchanged)."""
+    if bits not in (4, 8) or not q8_activations_requested() or not native_enabled():
+        return False
+    return bool(getattr(native.load(), "has_q8_activations", lambda: False)())
 
 
 def use_native_block_ops() -> bool:
@@ -99,9 +130,12 @@ def native_summary() -> str:
     mod = native.load()
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
+    q8 = ("off" if not q8_activations_requested() else
+          "on: x rounded to int8 per 32 values" if use_q8_activations(4) else
+          f"asked ({Q8_ENV}=1) but no AVX-512 VNNI code here: float x")
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
-            f", quantized_small_matmul (4/8-bit), tree_attention (<= 64 nodes), rms_norm, "
-            f"qkv_rope, {st.reason}")
+            f", quantized_small_matmul (4/8-bit; int8 activations {q8}), tree_attention (<= 64 nodes), rms_norm, "
+            f"qkv_rope, decoder_block (float, <= {SMALL_M_MAX} tokens), {st.reason}")
 
 
 # ---- the Metal kernels (kernels_metal/: tree attention, acceptance, KV compaction) -------------

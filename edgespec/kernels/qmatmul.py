@@ -3,13 +3,23 @@
 and float32 scales/biases (N, K/group_size).
 
 ``quantized_small_matmul`` is the op: the native kernel (``kernels/native/kernel_q_avx512.cpp``
-and ``kernel_q_avx2.cpp``: each packed row dequantized 16 or 8 values at a time in registers and
-used for all rows of x)
+and ``kernel_q_avx2.cpp``: each packed row dequantized 32 values at a time in registers and
+used for all rows of x; for 4 bits, AVX-512 looks the weights up in a per-group table of the 16
+values ``scale * q + bias`` with two vpermps per 16 packed bytes, x de-interleaved once per call
+to match the low/high nibble order)
 where ``backend.use_quantized_small_matmul`` chose it, else its pure-MLX twin
 ``quantized_small_matmul_mlx`` (``mx.quantized_matmul``, whose CPU form costs about M times its
 one-row time: 12 ms for 8 rows of the demo's gate|up against 1.5 ms for one).
 ``quantized_small_matmul_native`` always runs the kernel. Agreement with the twin: within
 1e-5 · Σ_k |x_k · w_k| of the dequantized weights (``tests/test_qmatmul.py``).
+
+Opt-in int8 activations (``backend.use_q8_activations``: ``EDGESPEC_Q8_ACTIVATIONS=1``, 4 or 8
+bits, AVX-512 VNNI; ``kernels/native/kernel_q8_avx512.cpp``): each row of x is rounded per
+32-value block to int8 q with scale d = max|x| / 127 (q = round-half-even(x / d)), the 4- or
+8-bit values are multiplied with q exactly in int32 (vpdpbusd) and scaled by group scale × d, plus
+bias × Σ d·q per group. Its twin ``quantized_small_matmul_q8_mlx`` rounds x the same way in MLX
+and multiplies ``d * q`` with the dequantized weights in float32; agreement: within 1e-5 ·
+Σ_k |x̂_k · w_k|, x̂ = d·q. A row's result does not depend on the other rows either way.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import math
 import mlx.core as mx
 
 from . import native
-from .backend import KernelError, use_quantized_small_matmul
+from .backend import KernelError, use_q8_activations, use_quantized_small_matmul
 
 
 def quantized_small_matmul_mlx(x, wq, scales, biases, group_size: int, bits: int) -> mx.array:
@@ -28,14 +38,29 @@ def quantized_small_matmul_mlx(x, wq, scales, biases, group_size: int, bits: int
                                group_size=group_size, bits=bits)
 
 
-def quantized_small_matmul_native(x, wq, scales, biases, group_size: int, bits: int) -> mx.array:
-    """The native kernel, whatever the shape; raises KernelError when it is not loaded or the
-    layout is not one it takes."""
+def round_x8(x) -> mx.array:
+    """x (..., K) with each 32-value block rounded to d * q, q int8, d = max|x| / 127 (the int8
+    activations' rounding, as the native kernel does it)."""
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    d = mx.max(mx.abs(xb), axis=-1, keepdims=True) / 127
+    q = mx.where(d > 0, mx.round(xb / mx.where(d > 0, d, 1)), 0)
+    return (q * d).reshape(x.shape)
+
+
+def quantized_small_matmul_q8_mlx(x, wq, scales, biases, group_size: int, bits: int) -> mx.array:
+    """The pure-MLX twin of the int8-activation kernel."""
+    return quantized_small_matmul_mlx(round_x8(x), wq, scales, biases, group_size, bits)
+
+
+def quantized_small_matmul_native(x, wq, scales, biases, group_size: int, bits: int,
+                                  q8: bool = False) -> mx.array:
+    """The native kernel, whatever the shape (``q8``: with int8 activations); raises
+    KernelError when it is not loaded or the layout is not one it takes."""
     mod = native.load()
     if mod is None:
         raise KernelError(f"the native kernels are not available: {native.status().reason}")
     try:
-        return mod.quantized_small_matmul(x, wq, scales, biases, group_size, bits)
+        return mod.quantized_small_matmul(x, wq, scales, biases, group_size, bits, q8)
     except ValueError as e:
         raise KernelError(f"{e}; got x {tuple(x.shape)} {x.dtype}, wq {tuple(wq.shape)}, "
                           f"group_size {group_size}, bits {bits}") from None
@@ -45,5 +70,6 @@ def quantized_small_matmul(x, wq, scales, biases, group_size: int, bits: int) ->
     """``x @ dequantize(...).T``, through the native kernel where the backend chose it."""
     if (x.ndim >= 1 and x.dtype == mx.float32 and scales.dtype == mx.float32 and biases is not None
             and use_quantized_small_matmul(math.prod(x.shape[:-1]), group_size, bits)):
-        return native.load().quantized_small_matmul(x, wq, scales, biases, group_size, bits)
+        return native.load().quantized_small_matmul(x, wq, scales, biases, group_size, bits,
+                                                     use_q8_activations(bits))
     return quantized_small_matmul_mlx(x, wq, scales, biases, group_size, bits)

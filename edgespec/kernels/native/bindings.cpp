@@ -18,8 +18,11 @@ NB_MODULE(_edgespec_native, m) {
   m.def("small_matmul", &edgespec_native::small_matmul_op, "x"_a, "w"_a,
         "x @ w.T for float32 x (..., K) and w (N, K), reading each row of w once.");
   m.def("quantized_small_matmul", &edgespec_native::quantized_small_matmul_op, "x"_a, "wq"_a,
-        "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
-        "x @ dequantize(wq, scales, biases).T in MLX's affine layout (4 or 8 bits).");
+        "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "q8"_a = false,
+        "x @ dequantize(wq, scales, biases).T in MLX's affine layout (4 or 8 bits); q8: x "
+        "quantized to int8 per 32 values first (4 bits, AVX-512 VNNI).");
+  m.def("has_q8_activations", &edgespec_native::has_q8_activations,
+        "Whether quantized_small_matmul(..., q8=True) runs here.");
   m.def("tree_attention", &edgespec_native::tree_attention_op, "q"_a, "k"_a, "v"_a, "anc"_a,
         "qpos"_a, "key_start"_a, "window"_a, "scale"_a, "softcap"_a,
         "Softmax attention of <= 64 tree nodes over cached + own keys, masked by an ancestor "

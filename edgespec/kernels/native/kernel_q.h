@@ -6,6 +6,9 @@
 // Contract (every ISA): rows n0 <= n < n1 of y (M, ldy) from x (M, ldx), the packed rows wq
 // (row stride ldq bytes) and scales/biases (row stride ldg). K is a multiple of gs, gs of 16.
 // As in kernel.h, each output is summed in one order whatever M is.
+// For bits = 4 the AVX-512 and AVX2 forms take x de-interleaved per 32-value block (values
+// 0, 2, .., 30 then 1, 3, .., 31: the low nibbles, then the high nibbles of 16 packed bytes;
+// quantized_matmul.cpp's deinterleave32); the generic form takes x as it is.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,16 @@ void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int6
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1);
+// The opt-in int8-activation form (AVX-512 VNNI; kernel_q8_avx512.cpp), x quantized per
+// 32-value block to int8 q with scale d. 4 bits: xe / xo (M rows of Kp/2 int8, row stride
+// ldxq; Kp = K rounded up to 128, zeros past K) hold q at even / odd positions; dl (M, ldd >=
+// Kp/8): each block's d once per 8 values (4 times). 8 bits: xe holds q in order (Kp = K
+// rounded up to 64), xo is unused, dl has d once per 4 values (8 times). Both: xs (M, ldxs >=
+// K/gs) the per-group sums of d * q.
+void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
+                       int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq,
+                       int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
+                       int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1);
 #endif
 
 }  // namespace edgespec_native

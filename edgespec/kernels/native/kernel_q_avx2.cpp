@@ -1,30 +1,51 @@
 // AVX2 + FMA form of kernel_q.h's contract (compiled with -mavx2 -mfma only; see kernel.h for
-// why the ISA files include nothing else): 8 values a step, blocks of 4 rows x 2 columns (8
-// accumulators, 2 weight vectors, 2 scales, 2 biases and x in the 16 ymm registers).
+// why the ISA files include nothing else): 8 values a vector, blocks of 4 rows x 2 columns.
+//
+// 4 bits: 16 packed bytes (32 values) give their low nibbles (the even values; a mask) and then
+// their high nibbles (the odd values; a shift and a mask), 8 at a time widened, converted and
+// fma(q, scale, bias)'d: x comes de-interleaved (kernel_q.h). In two parts, so that only 2
+// weight vectors per column are live (4 spilled registers at 4 rows x 2 columns).
+// 8 bits: widen, convert, fma(q, scale, bias) per 8 values.
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 namespace edgespec_native {
 namespace {
 
-// 8 quantized values starting at value k (k a multiple of 8) of a packed row, as floats.
-template <int BITS>
-inline __m256 unpack(const uint8_t* row, int64_t k) {
-  if constexpr (BITS == 8) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-        reinterpret_cast<const __m128i*>(row + k))));
-  } else {  // 4 bits: value j is nibble j % 2 (low first) of byte j / 2
-    int32_t four;
-    std::memcpy(&four, row + k / 2, 4);
-    const __m128i bytes = _mm_cvtsi32_si128(four);
-    const __m256i both = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, bytes));
-    const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(both, shift), _mm256_set1_epi32(15));
-    return _mm256_cvtepi32_ps(v);
-  }
+inline __m256 deq8(__m128i bytes, __m256 s, __m256 b) {  // the low 8 bytes
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), s, b);
 }
+
+template <int BITS>
+struct Deq;
+
+template <>
+struct Deq<4> {
+  __m256 s, b;
+  Deq() = default;
+  Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
+  // part 0: the low nibbles of 16 packed bytes (the even values), part 1: the high ones.
+  inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    if (part) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    w[0] = deq8(v, s, b);
+    w[1] = deq8(_mm_unpackhi_epi64(v, v), s, b);
+  }
+};
+
+template <>
+struct Deq<8> {
+  __m256 s, b;
+  Deq() = default;
+  Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
+  inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * part));
+    w[0] = deq8(v, s, b);
+    w[1] = deq8(_mm_unpackhi_epi64(v, v), s, b);
+  }
+};
 
 inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -36,11 +57,11 @@ inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
 #define VEC __m256
 #define LANES 8
 #define VZERO() _mm256_setzero_ps()
-#define VSET1(s) _mm256_set1_ps(s)
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum8(v)
 #define NB_MAX 2
+#define PARTS 2
 #define QROWS_FN qrows_avx2_impl
 #include "kernel_q_blocks.inc"
 

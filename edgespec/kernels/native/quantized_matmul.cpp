@@ -1,8 +1,10 @@
 // See quantized_matmul.h and kernel_q.h.
 #include "quantized_matmul.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dispatch.h"
 #include "kernel_q.h"
@@ -12,6 +14,16 @@
 #include "pool.h"
 
 namespace edgespec_native {
+
+bool has_q8_activations() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return isa() == "avx512" && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
 
 void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                    const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
@@ -36,6 +48,10 @@ namespace {
 struct QJob {
   int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
+  bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
+  const int8_t *xe, *xo;
+  const float *dl, *xs;
+  int64_t ldxq, ldd, ldxs;
   const float* x;
   int64_t ldx;
   const uint8_t* wq;
@@ -50,6 +66,9 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const QJob& j = *static_cast<const QJob*>(ctx);
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
+  if (j.q8)
+    return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
+                             j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
                         j.gs, n0, n1);
@@ -61,6 +80,62 @@ void run_qchunk(void* ctx, int64_t chunk) {
                 n0, n1);
 }
 
+// x (M, K; row stride ldx) with each 32-value block de-interleaved into xp (M, K): the
+// order the AVX-512 and AVX2 forms take for 4 bits (kernel_q.h).
+void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; k += 32)
+      for (int t = 0; t < 16; ++t) {
+        xp[m * K + k + t] = x[m * ldx + k + 2 * t];
+        xp[m * K + k + 16 + t] = x[m * ldx + k + 2 * t + 1];
+      }
+}
+
+// x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's layout for
+// q8rows_avx512vnni: d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as
+// qmatmul.py's twin does it.
+struct X8 {
+  std::vector<int8_t> xe, xo;
+  std::vector<float> dl, xs;
+  int64_t ldxq, ldd;
+};
+
+X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, int bits) {
+  X8 r;
+  const int64_t step = bits == 4 ? 128 : 64, lane_vals = bits == 4 ? 8 : 4;
+  const int64_t kp = (K + step - 1) / step * step;
+  r.ldxq = bits == 4 ? kp / 2 : kp;
+  r.ldd = kp / lane_vals;
+  r.xe.assign(M * r.ldxq, 0);
+  if (bits == 4) r.xo.assign(M * r.ldxq, 0);
+  r.dl.assign(M * r.ldd, 0.0f);
+  r.xs.assign(M * (K / gs), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      const float* xb = x + m * ldx + k0;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int t = 0; t < 32; ++t) {
+        finite = finite && std::isfinite(xb[t]);
+        amax = std::fmax(amax, std::fabs(xb[t]));
+      }
+      // A NaN or infinity makes the block's scale NaN, so it reaches the outputs as NaN.
+      const float d = finite ? amax / 127.0f : std::nanf("");
+      int sum = 0;
+      for (int t = 0; t < 32; ++t) {
+        const int q = finite && d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
+        sum += q;
+        if (bits == 8)
+          r.xe[m * r.ldxq + k0 + t] = static_cast<int8_t>(q);
+        else
+          (t % 2 ? r.xo : r.xe)[m * r.ldxq + (k0 + t) / 2] = static_cast<int8_t>(q);
+      }
+      for (int64_t l = 0; l < 32 / lane_vals; ++l) r.dl[m * r.ldd + k0 / lane_vals + l] = d;
+      r.xs[m * (K / gs) + k0 / gs] += d * static_cast<float>(sum);
+    }
+  return r;
+}
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
 }
@@ -69,8 +144,10 @@ void check(bool ok, const std::string& what) {
 
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
-                                    int group_size, int bits) {
+                                    int group_size, int bits, bool q8) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(!q8 || has_q8_activations(),
+        "int8 activations need AVX-512 VNNI code (has_q8_activations())");
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128");
   check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
@@ -91,7 +168,7 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
   auto x2 = mx::contiguous(mx::reshape(x, {static_cast<int>(M), K}, s), false, s);
   auto y = mx::array(
       {static_cast<int>(M), N}, mx::float32,
-      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits),
+      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits, q8),
       {x2, mx::contiguous(wq, false, s), mx::contiguous(scales, false, s),
        mx::contiguous(biases, false, s)});
   return mx::reshape(y, out_shape, s);
@@ -107,13 +184,31 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, x.data<float>(), int64_t(x.shape(1)),
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr,
+           nullptr, nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
            int64_t(x.shape(1)), group_size_, 0};
   encoder.dispatch([job]() mutable {
     if (job.M == 0 || job.N == 0) return;
+    std::vector<float> xp;
+    X8 x8;
+    if (job.q8) {
+      x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs, job.bits);
+      job.xe = x8.xe.data();
+      job.xo = x8.xo.data();
+      job.dl = x8.dl.data();
+      job.xs = x8.xs.data();
+      job.ldxq = x8.ldxq;
+      job.ldd = x8.ldd;
+      job.ldxs = job.K / job.gs;
+    } else if (job.bits == 4 && job.isa != 0) {
+      xp.resize(job.M * job.K);
+      deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
+      job.x = xp.data();
+      job.ldx = job.K;
+    }
     // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
     job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
     if (job.rows < 4) job.rows = 4;

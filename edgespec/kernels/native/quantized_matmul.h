@@ -14,12 +14,16 @@ namespace mx = mlx::core;
 // Raises std::invalid_argument (ValueError in Python) for other layouts, dtypes or shapes.
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
-                                    int group_size, int bits);
+                                    int group_size, int bits, bool q8 = false);
+
+// Whether q8 = true (x quantized to int8 per 32-value block, 4-bit weights) can run: the
+// AVX-512 code is in use and the CPU has AVX-512 BW and VNNI.
+bool has_q8_activations();
 
 class QuantizedSmallMatmul : public mx::UnaryPrimitive {
  public:
-  QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits, bool q8)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), q8_(q8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -27,13 +31,14 @@ class QuantizedSmallMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "EdgespecQuantizedSmallMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedSmallMatmul&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && q8_ == o.q8_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
  private:
   int group_size_;
   int bits_;
+  bool q8_;
 };
 
 }  // namespace edgespec_native
