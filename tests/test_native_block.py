@@ -72,6 +72,35 @@ def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("q8", [False, True])
+def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_path, q8,
+                                                      monkeypatch):
+    from edgespec.kernels import backend
+
+    from .test_qmatmul import _quantized_copy
+
+    if q8 and not backend.use_q8_activations(4) and not mod.has_q8_activations():
+        pytest.skip("no AVX-512 VNNI here")
+    target = load_target(_quantized_copy(tiny_models.path(layers=3), tmp_path / "q"), dtype="auto")
+    assert target.quantized
+    assert all(b._fused.native_args is not None for b in target.model.model.layers)
+    calls = []
+    real = mod.decoder_block
+    monkeypatch.setattr(mod, "decoder_block", lambda arrays, *a, **kw: calls.append(a[11]) or real(
+        arrays, *a, **kw))
+    backend.set_q8_activations(q8)
+    try:
+        got, got_kv, _ = _run(target, True, 20)
+        assert calls and all(len(quant) == 4 for quant in calls)  # the quantized layout
+        want, want_kv, _ = _run(target, False, 20)
+    finally:
+        backend.set_q8_activations(None)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+    for g, w in zip(got_kv, want_kv):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
 def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
     target = load_target(tiny_models.path(layers=2), dtype="float32")
     ids = [(3 * i + 1) % 200 + 4 for i in range(30)]
@@ -87,22 +116,24 @@ def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
         assert mx.array_equal(row[0], whole[i]).item(), i
 
 
-def test_bad_inputs_name_what_is_allowed(mod):
+def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights after the biases
     x = mx.zeros((2, 8))
     keys = mx.zeros((1, 1, 16, 4))
     anc, qpos = mx.zeros((2, 2), dtype=mx.uint32), mx.zeros((2,), dtype=mx.int32)
-    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((8,)), mx.zeros((16, 8)),
-              mx.zeros((8, 8)), mx.ones((8,)), mx.zeros((32, 8)), mx.zeros((8, 16)),
-              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,))]
+    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((8,)), mx.ones((8,)),
+              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,)),
+              mx.zeros((16, 8)), mx.zeros((8, 8)), mx.zeros((32, 8)), mx.zeros((8, 16))]
     args = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, rope_dims=4,
                 traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
-                key_start=0, window=0)
+                quant=[], q8=False, key_start=0, window=0)
     out, k, v = mod.decoder_block(arrays, slots=3, **args)
     assert out.shape == (2, 8) and k.shape == keys.shape
     with pytest.raises(ValueError, match="no room for the new rows"):
         mod.decoder_block(arrays, slots=15, **args)
     with pytest.raises(ValueError, match=r"wqkv \(\(heads \+ 2 kv_heads\) head_dim, hidden\)"):
-        mod.decoder_block(arrays[:7] + [mx.zeros((12, 8))] + arrays[8:], slots=3, **args)
+        mod.decoder_block(arrays[:11] + [mx.zeros((12, 8))] + arrays[12:], slots=3, **args)
+    with pytest.raises(ValueError, match="1 float array, or 3 when quantized"):
+        mod.decoder_block(arrays, slots=3, **{**args, "quant": [[32, 4]] * 4})
     with pytest.raises(ValueError, match="needs x, keys, values"):
         mod.decoder_block(arrays[:5], slots=3, **args)
     assert native.load() is mod

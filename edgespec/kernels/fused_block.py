@@ -25,7 +25,7 @@ from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
 from . import native
-from .backend import SMALL_M_MAX, choice_key, on_cpu, use_native_block
+from .backend import SMALL_M_MAX, choice_key, on_cpu, use_native_block, use_q8_activations
 from .matmul import small_matmul
 from .qmatmul import quantized_small_matmul
 from .tree_mask import TreeMask
@@ -78,16 +78,23 @@ class FusedBlock:
         none = mx.zeros((0,))
         mx.eval(inv_freq, none)  # now, on this thread's stream: a forward may run on another
         self.pre_args.append(inv_freq)
-        # The whole block as one native operation (decode steps and verifies): float weights
-        # without per-head q/k norms.
+        # The whole block as one native operation (decode steps and verifies), float or
+        # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128), without
+        # per-head q/k norms.
         self.native_args = None
-        if quant is None and "nq" not in weights:
-            self.native_args = [inv_freq, *(weights[n] for n in ("n1", "wqkv", "wo", "n2", "wgu",
-                                                                   "wd")),
-                                *(weights.get(n, none) for n in ("bqkv", "bgu", "bd"))]
+        if "nq" not in weights and all(b in (4, 8) and g in (32, 64, 128)
+                                       for g, b in (quant or ())):
+            def flat(name):
+                w = weights[name]
+                return list(w) if isinstance(w, tuple) else [w]
+
+            self.native_args = [inv_freq, weights["n1"], weights["n2"],
+                                *(weights.get(n, none) for n in ("bqkv", "bgu", "bd")),
+                                *(a for n in ("wqkv", "wo", "wgu", "wd") for a in flat(n))]
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
-                                 r.mscale, r.scale, block.input_layernorm.eps, a.scale)
+                                 r.mscale, r.scale, block.input_layernorm.eps, a.scale,
+                                 [list(q) for q in quant] if quant is not None else [])
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
@@ -164,8 +171,9 @@ class FusedBlock:
         H, h, kv, d = self.native_shape[:4]
         keys, values, slots = cache.write_buffers(layer, x.shape[1], kv, d)
         anc, qpos = mask.device_arrays
+        q8 = bool(self.native_shape[-1]) and use_q8_activations(4)
         out, keys, values = native.load().decoder_block(
-            [x[0], keys, values, anc, qpos, *self.native_args], *self.native_shape, slots,
+            [x[0], keys, values, anc, qpos, *self.native_args], *self.native_shape, q8, slots,
             mask.key_start, mask.window or 0)
         cache.set_buffers(layer, keys, values)
         return out[None]

@@ -1,5 +1,6 @@
 // The Python module edgespec's kernels/_native.py loads: the op and what the kernels run on.
 #include <nanobind/nanobind.h>
+#include <stdexcept>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -35,16 +36,26 @@ NB_MODULE(_edgespec_native, m) {
         "with RoPE on q and k (rope_norm.h).");
   m.def(
       "decoder_block",
-      [](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads, int kv_heads, int head_dim,
-         int intermediate, int rope_dims, bool traditional, float mscale, float rope_scale,
-         float eps, float attn_scale, int64_t slots, int64_t key_start, int64_t window) {
+      [](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads,
+         int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
+         float mscale, float rope_scale, float eps, float attn_scale,
+         const std::vector<std::vector<int>>& quant, bool q8, int64_t slots, int64_t key_start,
+         int64_t window) {
         edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
-                                      traditional, mscale, rope_scale, eps, attn_scale};
+                                      traditional, mscale, rope_scale, eps, attn_scale, {}, q8};
+        if (!quant.empty() && quant.size() != 4)
+          throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits) pairs");
+        for (size_t p = 0; p < quant.size(); ++p) {
+          if (quant[p].size() != 2)
+            throw std::invalid_argument("decoder_block: quant takes (group size, bits) pairs");
+          s.quant[p][0] = quant[p][0];
+          s.quant[p][1] = quant[p][1];
+        }
         return edgespec_native::decoder_block_op(arrays, s, slots, key_start, window);
       },
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
-      "slots"_a, "key_start"_a, "window"_a,
+      "quant"_a, "q8"_a, "slots"_a, "key_start"_a, "window"_a,
       "A pre-norm decoder block over N <= 64 tokens as one operation (block.h): returns (out, "
       "keys, values).");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");

@@ -9,6 +9,7 @@
 
 #include "attention_core.h"
 #include "dispatch.h"
+#include "quantized_matmul.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -19,7 +20,10 @@ namespace edgespec_native {
 
 namespace {
 
-enum Input { X, KEYS, VALUES, ANC, QPOS, INV_FREQ, N1, WQKV, WO, N2, WGU, WD, BQKV, BGU, BD, COUNT };
+// Inputs: these, then the four products' weights (QKV, O, GU, D): one float array each, or
+// (packed, scales, biases) where the block is quantized.
+enum Input { X, KEYS, VALUES, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, WEIGHTS };
+enum Product { QKV, O, GU, DOWN };
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("decoder_block: " + what);
@@ -29,14 +33,32 @@ bool row_contiguous_2d(const mx::array& a, int rows, int cols) {
   return a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols && a.flags().row_contiguous;
 }
 
+// One product's weights: float rows w (N, K), or MLX's affine packing (wq, scales, biases).
+struct Weights {
+  const float* w = nullptr;
+  const uint32_t* wq = nullptr;
+  const float *scales = nullptr, *biases = nullptr;
+  int group_size = 0, bits = 0;
+};
+
 struct BlockJob {
   BlockShape s;
   int64_t N, slots, capacity, key_start, window;
-  const float *x, *inv_freq, *n1, *wqkv, *wo, *n2, *wgu, *wd, *bqkv, *bgu, *bd;
+  bool q8;
+  const float *x, *inv_freq, *n1, *n2, *bqkv, *bgu, *bd;
+  Weights w[4];
   const uint32_t* anc;
   const int32_t* qpos;
   float *out, *keys, *values;
 };
+
+// y (M, N) = x (M, K) @ W.T
+void product(const Weights& w, bool q8, const float* x, int64_t M, int64_t K, float* y,
+             int64_t N) {
+  if (w.w != nullptr) return small_matmul(x, K, w.w, K, y, N, M, N, K);
+  quantized_small_matmul(x, K, w.wq, w.scales, w.biases, y, N, M, N, K, w.group_size, w.bits,
+                         q8);
+}
 
 void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
   if (b == nullptr) return;
@@ -52,7 +74,7 @@ void run_block(const BlockJob& j) {
       hdn(N * H), g(N * 2 * I), act(N * I);
   // input norm, q|k|v
   rms_rows(j.x, H, j.n1, xn.data(), H, N, H, s.eps);
-  small_matmul(xn.data(), H, j.wqkv, H, y.data(), nqkv, N, nqkv, H);
+  product(j.w[QKV], j.q8, xn.data(), N, H, y.data(), nqkv);
   add_bias(y.data(), j.bqkv, N, nqkv);
   // RoPE; k and v straight into the cache rows [slots, slots + N)
   const int64_t cap = j.capacity;
@@ -70,18 +92,18 @@ void run_block(const BlockJob& j) {
       std::memcpy(attn_rows.data() + i * nq + h * D, attn.data() + (h * N + i) * D,
                   D * sizeof(float));
   // o_proj and the residual
-  small_matmul(attn_rows.data(), nq, j.wo, nq, hdn.data(), H, N, H, nq);
+  product(j.w[O], j.q8, attn_rows.data(), N, nq, hdn.data(), H);
   for (int64_t i = 0; i < N * H; ++i) hdn[i] += j.x[i];
   // post-attention norm, gate|up, SiLU(gate) * up, down, residual
   rms_rows(hdn.data(), H, j.n2, xn.data(), H, N, H, s.eps);
-  small_matmul(xn.data(), H, j.wgu, H, g.data(), 2 * I, N, 2 * I, H);
+  product(j.w[GU], j.q8, xn.data(), N, H, g.data(), 2 * I);
   add_bias(g.data(), j.bgu, N, 2 * I);
   for (int64_t i = 0; i < N; ++i)
     for (int64_t c = 0; c < I; ++c) {
       const float gate = g[i * 2 * I + c], up = g[i * 2 * I + I + c];
       act[i * I + c] = gate / (1.0f + std::exp(-gate)) * up;
     }
-  small_matmul(act.data(), I, j.wd, I, j.out, H, N, H, I);
+  product(j.w[DOWN], j.q8, act.data(), N, I, j.out, H);
   add_bias(j.out, j.bd, N, H);
   for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
 }
@@ -116,14 +138,16 @@ void cache_output(const mx::array& in, mx::array& out, mx::cpu::CommandEncoder& 
 
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
                                         int64_t slots, int64_t key_start, int64_t window) {
-  check(in.size() == COUNT, "needs x, keys, values, anc, qpos, inv_freq, n1, wqkv, wo, n2, wgu, "
-                            "wd, bqkv, bgu, bd");
-  for (const auto& a : in)
-    if (a.dtype() != mx::float32 && &a != &in[ANC] && &a != &in[QPOS])
-      check(false, "arrays must be float32 (anc uint32, qpos int32)");
-  check(in[ANC].dtype() == mx::uint32 && in[QPOS].dtype() == mx::int32, "anc uint32, qpos int32");
   const int H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
+  const int rows[4] = {nqkv, H, 2 * I, H}, cols[4] = {H, nq, H, I};
+  size_t count = WEIGHTS;
+  for (const auto& q : s.quant) count += q[1] ? 3 : 1;
+  check(in.size() == count, "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, "
+                            "then each product's weights (1 float array, or 3 when quantized)");
+  for (int i = 0; i < WEIGHTS; ++i)
+    check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
+          "arrays must be float32 (anc uint32, qpos int32)");
   check(in[X].ndim() == 2 && in[X].shape(1) == H, "x must be (N, hidden)");
   const int N = in[X].shape(0);
   check(N >= 1 && N <= 64, "1..64 tokens");
@@ -138,14 +162,32 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   check(s.rope_dims % 2 == 0 && s.rope_dims <= D && in[INV_FREQ].size() == size_t(s.rope_dims / 2),
         "inv_freq must have rope_dims / 2 entries");
   check(in[N1].size() == size_t(H) && in[N2].size() == size_t(H), "norm weights (hidden,)");
-  check(row_contiguous_2d(in[WQKV], nqkv, H) && row_contiguous_2d(in[WO], H, nq) &&
-            row_contiguous_2d(in[WGU], 2 * I, H) && row_contiguous_2d(in[WD], H, I),
-        "weights must be contiguous wqkv ((heads + 2 kv_heads) head_dim, hidden), wo (hidden, "
-        "heads head_dim), wgu (2 intermediate, hidden), wd (hidden, intermediate)");
   check((in[BQKV].size() == 0 || in[BQKV].size() == size_t(nqkv)) &&
             (in[BGU].size() == 0 || in[BGU].size() == size_t(2 * I)) &&
             (in[BD].size() == 0 || in[BD].size() == size_t(H)),
         "biases must be empty or match their product");
+  size_t at = WEIGHTS;
+  for (int p = 0; p < 4; ++p) {
+    const int gs = s.quant[p][0], bits = s.quant[p][1];
+    if (bits == 0) {
+      check(in[at].dtype() == mx::float32 && row_contiguous_2d(in[at], rows[p], cols[p]),
+            "float weights must be contiguous wqkv ((heads + 2 kv_heads) head_dim, hidden), wo "
+            "(hidden, heads head_dim), wgu (2 intermediate, hidden), wd (hidden, intermediate)");
+      at += 1;
+      continue;
+    }
+    check((bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && cols[p] % gs == 0,
+          "quantized products need bits 4 or 8 and group size 32, 64 or 128");
+    check(in[at].dtype() == mx::uint32 && in[at + 1].dtype() == mx::float32 &&
+              in[at + 2].dtype() == mx::float32 &&
+              row_contiguous_2d(in[at], rows[p], cols[p] * bits / 32) &&
+              row_contiguous_2d(in[at + 1], rows[p], cols[p] / gs) &&
+              row_contiguous_2d(in[at + 2], rows[p], cols[p] / gs),
+          "quantized weights must be contiguous uint32 (N, K bits / 32) with float32 scales and "
+          "biases (N, K / group size)");
+    at += 3;
+  }
+  check(!s.q8 || has_q8_activations(), "int8 activations need AVX-512 VNNI code");
   auto st = mx::to_stream(mx::StreamOrDevice{});
   if (st.device.type != mx::Device::cpu) st = mx::to_stream(mx::Device::cpu);
   std::vector<mx::array> inputs = in;
@@ -177,10 +219,23 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& inputs,
   for (auto& o : outputs) encoder.set_output_array(o);
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
   BlockJob job{shape_, int64_t(inputs[X].shape(0)), slots_, int64_t(inputs[KEYS].shape(2)),
-               key_start_, window_, ptr(X), ptr(INV_FREQ), ptr(N1), ptr(WQKV), ptr(WO), ptr(N2),
-               ptr(WGU), ptr(WD), ptr(BQKV), ptr(BGU), ptr(BD), inputs[ANC].data<uint32_t>(),
+               key_start_, window_, shape_.q8, ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2),
+               ptr(BQKV), ptr(BGU), ptr(BD), {}, inputs[ANC].data<uint32_t>(),
                inputs[QPOS].data<int32_t>(), outputs[0].data<float>(),
                outputs[1].data<float>(), outputs[2].data<float>()};
+  for (int p = 0, at = WEIGHTS; p < 4; ++p) {
+    Weights& w = job.w[p];
+    if (shape_.quant[p][1] == 0) {
+      w.w = inputs[at++].data<float>();
+    } else {
+      w.wq = inputs[at].data<uint32_t>();
+      w.scales = inputs[at + 1].data<float>();
+      w.biases = inputs[at + 2].data<float>();
+      w.group_size = shape_.quant[p][0];
+      w.bits = shape_.quant[p][1];
+      at += 3;
+    }
+  }
   encoder.dispatch([job]() { run_block(job); });
 }
 

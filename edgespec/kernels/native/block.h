@@ -1,11 +1,15 @@
 // A whole pre-norm decoder block (llama-style: RMSNorm, one q|k|v product, RoPE, tree attention
 // over the KV cache, o_proj, residual, RMSNorm, one gate|up product, SiLU, down, residual) as
 // one MLX operation, for the small inputs of decoding and verification (batch 1, N <= 64
-// tokens; float32 weights). MLX's CPU backend costs microseconds per operation whatever its
+// tokens; float32 or 4/8-bit weights, float32 activations). MLX's CPU backend costs microseconds per operation whatever its
 // size, and a block had about 15 of them around its four products; here it has one.
 //
-//   decoder_block(x, keys, values, anc, qpos, inv_freq, n1, wqkv, wo, n2, wgu, wd,
-//                 bqkv, bgu, bd, shape, slots, key_start, window) -> (out, keys', values')
+//   decoder_block([x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, weights...],
+//                 shape, slots, key_start, window) -> (out, keys', values')
+//
+// weights: for q|k|v, o, gate|up and down in turn, the float32 rows (N, K), or, where
+// shape.quant says so, MLX's affine packing (uint32 (N, K bits / 32), float32 scales and
+// biases (N, K / group size)): the quantized kernel's products (quantized_matmul.h).
 //
 // x (N, H). keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
 // committed rows first; the N new rows are written at [slots, slots + N) and attended with
@@ -28,6 +32,10 @@ struct BlockShape {
   int hidden, heads, kv_heads, head_dim, intermediate, rope_dims;
   bool traditional;
   float mscale, rope_scale, eps, attn_scale;
+  // Per product (q|k|v, o, gate|up, down): {group size, bits} in MLX's affine layout, or {0, 0}
+  // for float32 weights. q8: the quantized products take int8 activations (quantized_matmul.h).
+  int quant[4][2];
+  bool q8;
   bool operator==(const BlockShape&) const = default;
 };
 

@@ -140,7 +140,46 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
 }
 
+void run_qjob(QJob job) {
+  if (job.M == 0 || job.N == 0) return;
+  std::vector<float> xp;
+  X8 x8;
+  if (job.q8) {
+    x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs, job.bits);
+    job.xe = x8.xe.data();
+    job.xo = x8.xo.data();
+    job.dl = x8.dl.data();
+    job.xs = x8.xs.data();
+    job.ldxq = x8.ldxq;
+    job.ldd = x8.ldd;
+    job.ldxs = job.K / job.gs;
+  } else if (job.bits == 4 && job.isa != 0) {
+    xp.resize(job.M * job.K);
+    deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
+    job.x = xp.data();
+    job.ldx = job.K;
+  }
+  // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
+  job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
+  if (job.rows < 4) job.rows = 4;
+  int64_t chunks = (job.N + job.rows - 1) / job.rows;
+  if (chunks > Pool::kMaxChunks) {
+    chunks = Pool::kMaxChunks;
+    job.rows = (job.N + chunks - 1) / chunks;
+  }
+  Pool::get().run(run_qchunk, &job, chunks);
+}
+
 }  // namespace
+
+void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
+                            const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
+                            int64_t K, int group_size, int bits, bool q8) {
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr,
+           nullptr, nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
+           K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
+  run_qjob(job);
+}
 
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
@@ -190,35 +229,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
            int64_t(x.shape(1)), group_size_, 0};
-  encoder.dispatch([job]() mutable {
-    if (job.M == 0 || job.N == 0) return;
-    std::vector<float> xp;
-    X8 x8;
-    if (job.q8) {
-      x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs, job.bits);
-      job.xe = x8.xe.data();
-      job.xo = x8.xo.data();
-      job.dl = x8.dl.data();
-      job.xs = x8.xs.data();
-      job.ldxq = x8.ldxq;
-      job.ldd = x8.ldd;
-      job.ldxs = job.K / job.gs;
-    } else if (job.bits == 4 && job.isa != 0) {
-      xp.resize(job.M * job.K);
-      deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
-      job.x = xp.data();
-      job.ldx = job.K;
-    }
-    // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
-    job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
-    if (job.rows < 4) job.rows = 4;
-    int64_t chunks = (job.N + job.rows - 1) / job.rows;
-    if (chunks > Pool::kMaxChunks) {
-      chunks = Pool::kMaxChunks;
-      job.rows = (job.N + chunks - 1) / chunks;
-    }
-    Pool::get().run(run_qchunk, &job, chunks);
-  });
+  encoder.dispatch([job]() { run_qjob(job); });
 }
 
 void QuantizedSmallMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {

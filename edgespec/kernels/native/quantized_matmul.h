@@ -16,6 +16,13 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
                                     int group_size, int bits, bool q8 = false);
 
+// The op's body: y (M, N; row stride ldy) = x (M, K; row stride ldx) @ dequantize(wq, scales,
+// biases).T for contiguous packed rows (K * bits / 32 words) and scales/biases (K / group_size),
+// on the pool's threads. Also run inside the fused decoder block (block.h).
+void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
+                            const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
+                            int64_t K, int group_size, int bits, bool q8);
+
 // Whether q8 = true (x quantized to int8 per 32-value block, 4-bit weights) can run: the
 // AVX-512 code is in use and the CPU has AVX-512 BW and VNNI.
 bool has_q8_activations();
