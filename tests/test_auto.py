@@ -148,3 +148,48 @@ def test_lookup_is_confident_only_on_a_long_match():
     assert not lookup.confident()  # only "2 3"
     lookup.prefill([5, 6, 7], None)
     assert not lookup.confident()  # nothing at all
+
+
+class Counting(Costly):
+    """Costly, counting the updates and prefills it gets."""
+
+    def __init__(self, inner, clock, cost):
+        super().__init__(inner, clock, cost)
+        self.updates = self.prefills = 0
+
+    def update(self, accepted, tree, target_out):
+        self.updates += 1
+        return self.inner.update(accepted, tree, target_out)
+
+    def prefill(self, tokens, target_out, sampling=None):
+        self.prefills += 1
+        return self.inner.prefill(tokens, target_out, sampling)
+
+
+def test_auto_retires_an_arm_far_behind_on_every_pull(target):
+    """An arm far behind on ``retire`` pulls in a row is neither taken nor kept in step any
+    more, and the next request does not prefill it; the output stays exact."""
+    clock = FakeClock()
+    garbage = Counting(Garbage(), clock, 20)
+    auto = AutoDrafter({"none": None, "garbage": garbage}, clock=clock, retry=2, max_wait=8,
+                       retire=3)
+    eng = Engine(target, auto)
+    first = eng.generate(PROMPT, max_tokens=80)
+    assert first.token_ids == Engine(target).generate(PROMPT, max_tokens=80).token_ids
+    assert auto.retired == {"garbage"} and auto.pulls["garbage"] == 3
+    assert auto.report()["garbage"]["retired"]
+    updates, prefills = garbage.updates, garbage.prefills
+    assert updates < 40  # retired early in the first request
+    again = eng.generate(PROMPT + " mat", max_tokens=40)
+    assert again.token_ids == Engine(target).generate(PROMPT + " mat", max_tokens=40).token_ids
+    assert (garbage.updates, garbage.prefills) == (updates, prefills)
+    assert all(s.proposed == 0 for s in again.steps)
+
+
+def test_auto_keeps_an_arm_that_is_only_sometimes_behind(target):
+    clock = FakeClock()
+    oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+    auto = AutoDrafter({"none": None, "oracle": Unlucky(oracle, clock, 20, bad=2)}, clock=clock,
+                       retire=3)
+    Engine(target, auto).generate(PROMPT, max_tokens=120)
+    assert not auto.retired
