@@ -15,7 +15,7 @@
 // committed rows first; the N new rows are written at [slots, slots + N) and attended with
 // the committed ones under the TreeMask (anc, qpos, key_start, window: attention_core.h's
 // contract; qpos are also the RoPE positions). keys'/values' are the buffers with those rows
-// (the inputs' memory when MLX can donate it, else a copy). The biases are empty arrays when
+// (a copy: see cache_output in block.cpp). The biases are empty arrays when
 // the block has none. Every step is the ops' own (rope_norm.h, dispatch.h, attention_core.h),
 // row by row, so a row's result does not depend on the rows computed with it; the pure-MLX
 // twin is the FusedBlock path of edgespec/kernels/fused_block.py.
