@@ -117,3 +117,28 @@ def test_decoding_attends_through_the_kernel(mod, target, monkeypatch):  # noqa:
     finally:
         backend.set_native_enabled(True)
     np.testing.assert_allclose(with_kernel, without, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
+@pytest.mark.parametrize("d", [64, 48, 40])
+def test_a_keys_score_does_not_depend_on_how_many_keys_are_cached(mod, isa, d):  # noqa: F811
+    """Plain decoding and a verify see different cached-key counts L for the same node: its
+    output must have the same bits. 50 keys, the node seeing all of them: as the one new token
+    after 49 cached keys, and as the last of a 9-token chain after 41 (the AVX-512 code scores
+    runs of 16 cached keys at once, and key 40 falls in such a run only in the first case)."""
+    if isa not in mod.supported_isas().split(","):
+        pytest.skip(f"no {isa} on this CPU")
+    before = mod.isa()
+    mod.set_isa(isa)
+    try:
+        rng = np.random.default_rng(7)
+        heads, S = 3, 50
+        k = mx.array(rng.standard_normal((1, 1, S, d), dtype=np.float32))
+        v = mx.array(rng.standard_normal((1, 1, S, d), dtype=np.float32))
+        q_last = rng.standard_normal((1, heads, 1, d), dtype=np.float32)
+        q_chain = np.concatenate([rng.standard_normal((1, heads, 8, d), dtype=np.float32), q_last], axis=2)
+        one = ta.tree_attention_native(mx.array(q_last), k, v, 0.125, tree_mask(None, 1, 0, S - 1, None))
+        nine = ta.tree_attention_native(mx.array(q_chain), k, v, 0.125, tree_mask(None, 9, 0, S - 9, None))
+        assert mx.array_equal(one[:, :, 0], nine[:, :, 8]).item()
+    finally:
+        mod.set_isa(before)
