@@ -58,9 +58,11 @@ void run_tree_attention(const AttnArgs& args) {
     fn(args, scratch.data(), 0, items);
     return;
   }
-  int64_t chunks = items < 2 * threads() ? items : 2 * threads();
-  const int64_t per_chunk = (items + chunks - 1) / chunks;
-  chunks = (items + per_chunk - 1) / per_chunk;
+  // One item a chunk, claimed as threads free up: 9 heads over 2 threads then split 5 / 4
+  // (in 2 * threads chunks of 3 they split 6 / 3: 208 -> 143 us for 9 heads over 2,000 keys,
+  // 99 -> 74 us for 8 nodes over 136).
+  const int64_t per_chunk = items <= Pool::kMaxChunks ? 1 : (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
+  const int64_t chunks = (items + per_chunk - 1) / per_chunk;
   std::vector<float> scratch(static_cast<size_t>(chunks * args.S));
   AttnJob job{fn, args, scratch.data(), items, per_chunk};
   Pool::get().run(run_attn_chunk, &job, chunks);
