@@ -6,8 +6,9 @@
 // verified token gets the bits it would get alone). Different ISAs sum in different orders.
 //
 // The ISA files (kernel_avx512.cpp, kernel_avx2.cpp) are compiled with their own -m flags and
-// include nothing but intrinsics, so no inline function compiled for a wider ISA can be
-// merged into code that runs on a narrower CPU.
+// include nothing but intrinsics (and, for AVX2, avx2_sum.h, whose one function has internal
+// linkage), so no inline function compiled for a wider ISA can be merged into code that runs
+// on a narrower CPU.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "avx2_sum.h"
+
 namespace edgespec_native {
 namespace {
 
@@ -11,24 +13,19 @@ inline __m256 tail256(const float* p, int r) {
   return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(r), lane));
 }
 
-inline float sum256(__m256 v) {  // (lo + hi), then pairs: a fixed order
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 #define VEC __m256
 #define LANES 8
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VLOAD_TAIL(p, r) tail256((p), (r))
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define VSET1(s) _mm256_set1_ps(s)
 #define VSUM(v) sum256(v)
 #define ROWS_FN rows_avx2_impl
 #define MB_MAX 4
 #define NB_MAX 3
 #define NB1_MAX 12
+#define FMA_LOOP_FN fma_loop_avx2_impl
 #include "kernel_blocks.inc"
 
 }  // namespace
@@ -38,16 +35,6 @@ void rows_avx2(const float* x, int64_t ldx, const float* w, int64_t ldw, float* 
   rows_avx2_impl(x, ldx, w, ldw, y, ldy, M, K, n0, n1);
 }
 
-float fma_loop_avx2(int64_t iters) {
-  // 12 independent chains: enough to cover the FMA latency on the cores measured
-  __m256 acc[12];
-  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
-  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps(1.0f + 0.01f * j);
-  for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
-  float s = 0.0f;
-  for (int j = 0; j < 12; ++j) s += sum256(acc[j]);
-  return s;
-}
+float fma_loop_avx2(int64_t iters) { return fma_loop_avx2_impl(iters); }
 
 }  // namespace edgespec_native

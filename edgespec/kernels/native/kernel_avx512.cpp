@@ -16,11 +16,13 @@ inline __m512 tail512(const float* p, int r) {
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VLOAD_TAIL(p, r) tail512((p), (r))
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VSET1(s) _mm512_set1_ps(s)
 #define VSUM(v) _mm512_reduce_add_ps(v)
 #define ROWS_FN rows_avx512_impl
 #define MB_MAX 4
 #define NB_MAX 6
 #define NB1_MAX 16
+#define FMA_LOOP_FN fma_loop_avx512_impl
 #include "kernel_blocks.inc"
 
 }  // namespace
@@ -30,16 +32,6 @@ void rows_avx512(const float* x, int64_t ldx, const float* w, int64_t ldw, float
   rows_avx512_impl(x, ldx, w, ldw, y, ldy, M, K, n0, n1);
 }
 
-float fma_loop_avx512(int64_t iters) {
-  // 12 independent chains: enough to cover the FMA latency on the cores measured
-  __m512 acc[12];
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
-  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(1.0f + 0.01f * j);
-  for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
-  float s = 0.0f;
-  for (int j = 0; j < 12; ++j) s += _mm512_reduce_add_ps(acc[j]);
-  return s;
-}
+float fma_loop_avx512(int64_t iters) { return fma_loop_avx512_impl(iters); }
 
 }  // namespace edgespec_native

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "avx2_sum.h"
+
 namespace edgespec_native {
 namespace {
 
@@ -20,11 +22,15 @@ inline __m256 deq8(__m128i bytes, __m256 s, __m256 b) {  // the low 8 bytes
 template <int BITS>
 struct Deq;
 
-template <>
-struct Deq<4> {
+struct GroupScale {  // one group's scale and bias, in every lane
   __m256 s, b;
-  Deq() = default;
-  Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
+  GroupScale() = default;
+  GroupScale(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
+};
+
+template <>
+struct Deq<4> : GroupScale {
+  using GroupScale::GroupScale;
   // part 0: the low nibbles of 16 packed bytes (the even values), part 1: the high ones.
   inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
@@ -36,10 +42,8 @@ struct Deq<4> {
 };
 
 template <>
-struct Deq<8> {
-  __m256 s, b;
-  Deq() = default;
-  Deq(float s_, float b_) : s(_mm256_set1_ps(s_)), b(_mm256_set1_ps(b_)) {}
+struct Deq<8> : GroupScale {
+  using GroupScale::GroupScale;
   inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * part));
     w[0] = deq8(v, s, b);
@@ -47,19 +51,12 @@ struct Deq<8> {
   }
 };
 
-inline float sum8(__m256 v) {  // (lo + hi), then pairs: a fixed order
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 #define VEC __m256
 #define LANES 8
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define VSUM(v) sum8(v)
+#define VSUM(v) sum256(v)
 #define NB_MAX 2
 #define PARTS 2
 #define QROWS_FN qrows_avx2_impl
