@@ -10,7 +10,7 @@ import pytest
 
 from edgespec.targets import load_target
 from edgespec.kernels.attention import attend
-from edgespec.kernels.activations import silu
+from edgespec.kernels.activations import logsumexp, silu
 from edgespec.kernels.fused_block import COMPILE_MAX_TOKENS
 from edgespec.tree import DraftTree
 
@@ -96,6 +96,12 @@ def test_cpu_attention_matches_mlx_kernel(n, t):
 def test_cpu_silu_matches_mlx():
     x = mx.linspace(-30, 30, 2001)
     np.testing.assert_allclose(np.array(silu(x)), np.array(nn.silu(x)), atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_logsumexp_matches_mlx():
+    x = mx.array(np.random.default_rng(0).normal(0, 20, (3, 8192)).astype(np.float32))
+    np.testing.assert_allclose(np.array(logsumexp(x)), np.array(mx.logsumexp(x, axis=-1, keepdims=True)),
+                               atol=1e-4, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

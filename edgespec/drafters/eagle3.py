@@ -30,14 +30,13 @@ position it has features for (drafting from less context, still lossless).
 
 from __future__ import annotations
 
-import math
 import time
 
 import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..kernels.backend import on_cpu
+from ..kernels.activations import logsumexp
 from ..prompt import shared_prefix
 from ..targets.cost import CostCurve
 from ..targets.target import Target, TargetOutput
@@ -199,7 +198,7 @@ class Eagle3Drafter(Drafter):
         ``logits`` (len(nodes), Vd) is node ``nodes[i]``'s. One evaluation for all rows."""
         logits = logits.astype(mx.float32)
         top = mx.argpartition(-logits, self.top_k - 1, axis=-1)[:, : self.top_k]
-        probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - _logsumexp(logits))
+        probs = mx.exp(mx.take_along_axis(logits, top, axis=-1) - logsumexp(logits))
         mx.eval(probs, top)
         probs, ids = np.array(probs), self.head.to_target_ids(np.array(top))
         for r, u in enumerate(nodes):
@@ -244,11 +243,3 @@ class Eagle3Drafter(Drafter):
         ms = (time.perf_counter() - t0) * 1e3
         self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms
 
-
-def _logsumexp(x: mx.array) -> mx.array:
-    """log(sum(exp(x))) over the last axis, (N, 1). On the CPU through ``mx.power(e, .)``, which
-    costs about a third of MLX's CPU ``exp`` per element (see ``kernels/attention.py``)."""
-    if not on_cpu():
-        return mx.logsumexp(x, axis=-1, keepdims=True)
-    m = x.max(axis=-1, keepdims=True)
-    return m + mx.log(mx.power(math.e, x - m).sum(axis=-1, keepdims=True))

@@ -29,7 +29,7 @@ from .backend import SMALL_M_MAX, choice_key, on_cpu, use_native_block, use_q8_a
 from .matmul import small_matmul
 from .qmatmul import quantized_small_matmul
 from .tree_mask import TreeMask
-from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope  # noqa: F401 (rope: re-exported)
+from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope
 
 _PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
 
@@ -164,11 +164,10 @@ class FusedBlock:
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
-
     def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
         """The block as one native operation (``native/block.h``); it writes this forward's
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
-        H, h, kv, d = self.native_shape[:4]
+        kv, d = self.native_shape[2:4]
         keys, values, slots = cache.write_buffers(layer, x.shape[1], kv, d)
         anc, qpos = mask.device_arrays
         q8 = bool(self.native_shape[-1]) and use_q8_activations(4)
