@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError
@@ -31,6 +32,14 @@ from .clock import Deadline, passed
 
 IDLE_ROUNDS = 5
 MAGPIE_SYSTEM = None  # the template's own default system prompt, as a user of the chat sees it
+OPENERS = ("Write", "Explain", "Solve", "Imagine", "Given", "Extract", "Describe", "Compare",
+           "Calculate", "Rewrite", "Summarize", "Pretend", "Implement", "Suggest", "List", "What",
+           "How", "Why", "Create", "Analyze", "Translate", "Classify", "Evaluate", "Design")
+"""First words a Magpie question may be made to start with (``write_questions(openers=...)``):
+generic instruction verbs and question words, so that a small model, which left to itself
+mostly asks for advice ("Can you ...", "I'm planning ..."), also writes the other kinds of task
+a user gives (writing, role-play, maths, code, extraction, comparison). Written here as a plain
+list of task kinds; not taken from any evaluation set."""
 
 
 def load_batch_model(path: Path, dtype=mx.float32) -> nn.Module:
@@ -120,9 +129,12 @@ def generate_batched(model: nn.Module, prompts: list[list[int]], *, max_tokens: 
 
 def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: int, *,
                     seed: int, batch: int = 32, max_tokens: int = 96,
-                    keep: Callable[[str], bool] = lambda q: True,
+                    keep: Callable[[str], bool] = lambda q: True, openers: Sequence[str] = (),
                     deadline: Deadline | None = None) -> dict:
     """Magpie: the chat template up to the user's turn, and the target writes the question.
+
+    With ``openers``, each question starts with one of them (drawn per row from the round's
+    seed) and the model writes the rest: the question is the opener followed by its text.
 
     Sampled (temperature 1, top-p 0.95, seeded) so the questions differ; a question that
     ``keep`` refuses (an evaluation prompt, an empty or cut-off one) is dropped and another is
@@ -148,16 +160,20 @@ def write_questions(model: nn.Module, tokenizer: Tokenizer, path: Path, count: i
             mx.random.seed(seed + 1000 * len(done) + idle)
             before = len(done)
             want = min(batch * 4, (count - len(done)) * 5 // 4 + 4)
-            fresh: list[tuple[list[int], str]] = []
+            fresh: list[tuple[str, list[int], str]] = []
+            starts = ([openers[k] for k in np.random.default_rng(
+                [seed, len(done), idle]).integers(0, len(openers), want)] if openers else [""] * want)
+            rows = [prefix + tokenizer.encode(o, add_special_tokens=False) if o else prefix
+                    for o in starts]
 
             def on_done(i, ids, finish):
-                fresh.append((ids, finish))
+                fresh.append((starts[i], ids, finish))
 
-            generate_batched(model, [prefix] * want, max_tokens=max_tokens, stop=stop, batch=batch,
+            generate_batched(model, rows, max_tokens=max_tokens, stop=stop, batch=batch,
                              sampler=make_sampler(temp=1.0, top_p=0.95), on_done=on_done,
                              bar=tqdm(disable=True), deadline=deadline)
-            for ids, finish in fresh:
-                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            for opener, ids, finish in fresh:
+                text = (opener + tokenizer.decode(ids, skip_special_tokens=True)).strip()
                 if finish != "stop" or len(text) < 12 or not keep(text):
                     dropped += 1
                     continue

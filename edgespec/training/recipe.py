@@ -35,7 +35,7 @@ from ..loading.hub import cache_dir, resolve_model
 from ..targets import load_target
 from . import trainer
 from .clock import Deadline, PhaseTimes
-from .answers import load_batch_model, read_records, write_answers, write_questions
+from .answers import OPENERS, load_batch_model, read_records, write_answers, write_questions
 from .exclusion import EvalExclusion
 from .features import FeatureStore, write_features
 from .objectives import Eagle3Objective, MedusaObjective
@@ -56,7 +56,8 @@ def _digest(data) -> str:
 def source_name(s: TrainSettings) -> str:
     """What the data depends on: the prompts' origin and the answer length."""
     if s.data is None:
-        return f"magpie-seed{s.seed}-q{s.question_tokens}-a{s.answer_tokens}"
+        return (f"magpie{'-open' if s.question_openers else ''}-seed{s.seed}-q{s.question_tokens}"
+                f"-a{s.answer_tokens}")
     return f"data-{hashlib.sha256(Path(s.data).read_bytes()).hexdigest()[:12]}-a{s.answer_tokens}"
 
 
@@ -161,7 +162,7 @@ def phase_prompts(s: TrainSettings, target, folder: Path, exclusion: EvalExclusi
     if len(have) < s.questions:
         counts = write_questions(generator(), target.tokenizer, path, s.questions, seed=s.seed,
                                  batch=s.gen_batch, max_tokens=s.question_tokens, keep=keep,
-                                 deadline=deadline)
+                                 openers=OPENERS if s.question_openers else (), deadline=deadline)
     records = read_records(path)[: s.questions]
     other = counts.get("dropped", 0) - refused["eval"]  # cut off, too short
     return records, {"source": "magpie", "wanted": s.questions, "kept": len(records),

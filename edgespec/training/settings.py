@@ -54,6 +54,10 @@ class TrainSettings:
         "data and feature store; default: ~/.cache/edgespec/train/<target fingerprint>/<source>"))
     questions: int = field(default=1200, metadata=_help("Magpie questions to write (without --data)"))
     question_tokens: int = field(default=96, metadata=_help("longest Magpie question, in tokens"))
+    question_openers: bool = field(default=True, metadata=_help(
+        "start each Magpie question with a generic task word (Write, Explain, Solve, ...: "
+        "training/answers.py OPENERS) so the questions cover more kinds of task; "
+        "--no-question-openers lets the model start them itself"))
     answer_tokens: int = field(default=256, metadata=_help("longest answer the target writes, in tokens"))
     gen_batch: int = field(default=64, metadata=_help("sequences per target forward while answering"))
     max_seq: int = field(default=1024, metadata=_help("prompt + answer tokens kept per sequence"))
@@ -114,8 +118,9 @@ class TrainSettings:
         _number_in("weight_decay", self.weight_decay, 0.0, 1.0)
         _number_in("clip", self.clip, 0.0, 1e6, low_open=True)
         _number_in("held_out", self.held_out, 0.0, 0.5, low_open=True)
-        _check(isinstance(self.own_lm_head, bool) and isinstance(self.resume, bool),
-               f"own_lm_head and resume must be true or false, got {self.own_lm_head!r}, {self.resume!r}")
+        for name in ("own_lm_head", "resume", "question_openers"):
+            _check(isinstance(getattr(self, name), bool),
+                   f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.time_budget is not None:
             parse_duration(self.time_budget)
 
