@@ -263,3 +263,45 @@ def test_answers_resume_after_a_kill(tiny_models, tmp_path):
     by_id = lambda rs: {r["id"]: r for r in rs}  # noqa: E731
     assert by_id(read_records(cut)) == by_id(records)
     assert cut.read_text().startswith(kept)
+
+
+def test_magpie_openers_start_each_question_and_resume_the_same(tiny_models, tmp_path, monkeypatch):
+    """With openers each generator row is the user-turn prefix plus one opener's ids and the
+    question is that opener followed by the model's text; the draw is seeded, so a run killed
+    after some questions and rerun writes what an uninterrupted one writes."""
+    from edgespec.training import answers
+
+    target = tiny_models.load(layers=2)
+    tok = target.tokenizer
+    prefix = answers._user_turn_prefix(tok)
+    seen = []
+
+    def fake_generate(model, rows, *, on_done, **_):
+        for i, row in enumerate(rows):
+            seen.append(row)
+            on_done(i, tok.encode(f" about thing {len(seen)} in detail.", add_special_tokens=False),
+                    "stop")
+        return sum(len(r) for r in rows)
+
+    monkeypatch.setattr(answers, "generate_batched", fake_generate)
+    openers = ("Write", "Solve", "Compare")
+    full = tmp_path / "full.jsonl"
+    answers.write_questions(None, tok, full, 10, seed=5, batch=2, openers=openers)
+    records = answers.read_records(full)
+    assert len(records) == 10
+    used = set()
+    for row, rec in zip(seen, records):
+        opener = rec["prompt"].split()[0]
+        assert opener in openers and rec["prompt"].startswith(opener + " about thing")
+        assert row == prefix + tok.encode(opener, add_special_tokens=False)
+        used.add(opener)
+    assert used == set(openers)  # a seeded draw over 10 rows uses every opener here
+    cut = tmp_path / "cut.jsonl"  # killed after the first round (batch 2: 8 rows a round)
+    cut.write_text("".join(json.dumps(r) + "\n" for r in records[:8]))
+    answers.write_questions(None, tok, cut, 10, seed=5, batch=2, openers=openers)
+    assert [r["prompt"].split()[0] for r in answers.read_records(cut)] == \
+        [r["prompt"].split()[0] for r in records]
+    plain = tmp_path / "plain.jsonl"
+    seen.clear()
+    answers.write_questions(None, tok, plain, 3, seed=5, batch=4)
+    assert all(row == prefix for row in seen)
