@@ -305,3 +305,23 @@ def test_magpie_openers_start_each_question_and_resume_the_same(tiny_models, tmp
     seen.clear()
     answers.write_questions(None, tok, plain, 3, seed=5, batch=4)
     assert all(row == prefix for row in seen)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_padding_a_batch_changes_neither_loss_nor_agreement(kind, tiny, store, monkeypatch):
+    """Batches are padded to a multiple of ``objectives.PAD_TO`` rows (few shapes for the compiled
+    step); the padded rows train nothing and are seen by no earlier row."""
+    from edgespec.training import objectives
+
+    train, _ = trainer.split(len(store), 0.2, seed=1)
+    objective = _head(kind, tiny, store)
+    w = trainer.windows(store, train, objective, 64)[:3]
+    monkeypatch.setattr(objectives, "PAD_TO", 1)
+    plain = objective.batch(w)
+    loss_a, m_a = objective.loss(objective.module, plain)
+    monkeypatch.setattr(objectives, "PAD_TO", 64)
+    padded = objective.batch(w)
+    assert padded["mask"].shape[1] == 64 > plain["mask"].shape[1]
+    loss_b, m_b = objective.loss(objective.module, padded)
+    np.testing.assert_allclose(float(loss_a), float(loss_b), rtol=1e-5)
+    np.testing.assert_allclose([float(m) for m in m_a], [float(m) for m in m_b], atol=1e-6)

@@ -27,8 +27,13 @@ from ..heads.medusa import MedusaHeads, medusa_loss, target_lm_head
 from .features import FeatureStore
 
 
+PAD_TO = 64
+"""Batches are padded to a multiple of this many rows (untrained rows), so a compiled training
+step (``trainer``) sees a few shapes rather than one per window length."""
+
+
 def _pad(rows: list[np.ndarray], fill=0) -> np.ndarray:
-    T = max(len(r) for r in rows)
+    T = -(-max(len(r) for r in rows) // PAD_TO) * PAD_TO
     out = np.full((len(rows), T) + rows[0].shape[1:], fill, dtype=rows[0].dtype)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
