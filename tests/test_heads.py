@@ -197,3 +197,33 @@ def test_find_head_by_fingerprint(deep, tiny_models, tmp_path, monkeypatch):
     assert find_head(tiny_models.load(layers=LAYERS, seed=7), "eagle3") is None
     monkeypatch.setenv("EDGESPEC_HEADS", str(tmp_path / "tiny" / "eagle3"))  # a head dir itself
     assert find_head(deep, "eagle3") == tmp_path / "tiny" / "eagle3"
+
+
+def test_eagle3_soft_loss_is_the_cross_entropy_against_the_renormalised_top_k(deep):
+    """With soft labels the loss is -sum p log q over the given top-K ids that the draft
+    vocabulary has, p renormalised over them; a one-hot soft label gives the argmax loss."""
+    vd = 40
+    head = _eagle(deep, vd=vd)
+    head.set_draft_vocab(np.arange(vd) * 2)  # even target ids only
+    x, feats, emb, argmax = _sequence(deep, head.config.aux_layers, T=12)
+    T = 12
+    labels = np.array(mx.concatenate([argmax[1:], mx.array([0])]))
+    labels = (labels // 2 * 2) % (2 * vd)  # every label in the draft vocabulary
+    mask = np.arange(T) < T - 1
+    hard = {"features": feats[None], "emb_next": emb[None], "labels": mx.array(labels)[None],
+            "mask": mx.array(mask)[None]}
+    one_hot = dict(hard, soft_ids=mx.array(np.stack([labels, -np.ones(T, int)], -1))[None],
+                   soft_p=mx.array(np.stack([np.full(T, 0.7), np.zeros(T)], -1), mx.float32)[None])
+    np.testing.assert_allclose(float(eagle3_loss(head, hard, 2)[0]),
+                               float(eagle3_loss(head, one_hot, 2)[0]), rtol=1e-5)
+    rng = np.random.default_rng(0)
+    ids = np.stack([labels, labels ^ 2, rng.integers(0, 2 * vd, T) | 1], -1)  # the last: odd, outside
+    probs = np.stack([np.full(T, 0.5), np.full(T, 0.2), np.full(T, 0.3)], -1)
+    soft = dict(hard, soft_ids=mx.array(ids)[None], soft_p=mx.array(probs, mx.float32)[None])
+    loss, _ = eagle3_loss(head, soft, 1)
+    lg = np.array(head.unroll(feats[None], emb[None], 1)[0][0], dtype=np.float64)
+    logq = lg - np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lg.max(-1, keepdims=True)
+    d = ids[:, :2] // 2  # draft ids of the two in-vocabulary tokens
+    p = probs[:, :2] / probs[:, :2].sum(-1, keepdims=True)
+    ce = -(p * np.take_along_axis(logq, d, -1)).sum(-1)
+    np.testing.assert_allclose(float(loss), ce[mask].mean(), rtol=1e-4)

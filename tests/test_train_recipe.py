@@ -6,6 +6,7 @@ flags are one line and exit 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -76,6 +77,14 @@ def test_train_both_kinds_from_data(model_dir, data, tmp_path, monkeypatch, tiny
     assert set(recipe["train"]["held_out"]) == {"step", "loss", "h0", "h1"}
     config, heads = load_head(tmp_path / "medusa", target)
     assert config.kind == "medusa" and config.num_heads == 2 and not config.own_lm_head
+    # soft labels: the same answers, features scored again into their own folder
+    code, out = invoke("train", "eagle3", "--model", model_dir, "--data", data, "--soft-labels",
+                       3, "--out", tmp_path / "soft", *SMALL)
+    assert code == 0, out
+    recipe = json.loads((tmp_path / "soft" / "recipe.json").read_text())
+    assert recipe["answers"]["new_tokens"] == 0 and recipe["features"]["new_tokens"] > 0
+    assert (Path(recipe["work_dir"]) / "features-soft3" / "soft_p.npy").exists()
+    assert recipe["train"]["done"] == 4 and load_head(tmp_path / "soft", target)[0].kind == "eagle3"
 
 
 def test_a_budget_stop_then_resume_gives_the_uninterrupted_head(model_dir, data, tmp_path, monkeypatch):

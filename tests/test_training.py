@@ -325,3 +325,32 @@ def test_padding_a_batch_changes_neither_loss_nor_agreement(kind, tiny, store, m
     loss_b, m_b = objective.loss(objective.module, padded)
     np.testing.assert_allclose(float(loss_a), float(loss_b), rtol=1e-5)
     np.testing.assert_allclose([float(m) for m in m_a], [float(m) for m in m_b], atol=1e-6)
+
+
+def test_a_store_with_soft_labels_holds_the_targets_top_k(tiny, tmp_path):
+    answers = fake_answers(tiny.args.vocab_size, n=3)
+    write_features(tiny, answers, tmp_path, aux_layers=AUX, max_seq=20, chunk=6, soft_k=4)
+    st = FeatureStore.open(tmp_path)
+    assert st.soft_ids.shape == (st.tokens, 4) and st.soft_p.dtype == np.float16
+    for s, rec in enumerate(answers):
+        ids = (rec["ids"] + rec["answer"])[:20]
+        P = len(rec["ids"])
+        probs = np.array(mx.softmax(tiny.score(ids, tiny.make_cache()).logits, axis=-1))
+        rows = st.rows(s)
+        want = np.argsort(-probs, axis=-1, kind="stable")[:, :4]
+        assert (st.soft_ids[rows][P - 1:] == want[P - 1:]).all()
+        assert (st.soft_ids[rows][P - 1:, 0] == st.labels[rows][P - 1:]).all()
+        np.testing.assert_allclose(st.soft_p[rows][P - 1:],
+                                   np.take_along_axis(probs, want, -1)[P - 1:], atol=2e-3)
+        assert (st.soft_ids[rows][: P - 1] == -1).all() and (st.soft_p[rows][: P - 1] == 0).all()
+    with pytest.raises(StoreMismatch, match="soft_k"):
+        write_features(tiny, answers, tmp_path, aux_layers=AUX, max_seq=20, soft_k=0)
+    plain = FeatureStore.open(_plain_store(tiny, tmp_path / "plain", answers))
+    assert plain.soft_ids is None
+    with pytest.raises(ValueError, match="no soft labels"):
+        Eagle3Objective(_head("eagle3", tiny, plain).module, tiny, plain, depth=1, soft=True)
+
+
+def _plain_store(tiny, folder, answers):
+    write_features(tiny, answers, folder, aux_layers=AUX, max_seq=20)
+    return folder

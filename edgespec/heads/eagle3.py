@@ -256,18 +256,33 @@ def eagle3_loss(head: Eagle3Head, batch: dict, depth: int = 7,
 
     ``batch``: ``features`` (B, T, A*H), ``emb_next`` (B, T, H) (row p = emb(x_{p+1})),
     ``labels`` (B, T) target ids (row p: the target's argmax at position p+1), ``mask`` (B, T)
-    (rows that train). Depth j uses rows p >= j of the mask.
+    (rows that train). Depth j uses rows p >= j of the mask. With ``soft_ids`` / ``soft_p``
+    (B, T, K): the target's K most probable tokens at p+1 and their probabilities, the loss is
+    the cross-entropy against that distribution restricted to the draft vocabulary and
+    renormalised, rather than against the argmax alone (EAGLE-3's reference trains on the
+    target's distribution over the draft vocabulary; here its top K).
     """
     logits = head.unroll(batch["features"], batch["emb_next"], depth)
     labels = batch["labels"]
     draft = head.to_draft_ids(labels)
     rows = batch["mask"].astype(mx.float32)
     T = labels.shape[1]
+    soft = "soft_ids" in batch
+    if soft:  # the target's top-K distribution over the draft vocabulary, renormalised
+        sd = head.to_draft_ids(mx.maximum(batch["soft_ids"], 0))
+        p = batch["soft_p"] * ((batch["soft_ids"] >= 0) & (sd >= 0))
+        mass = p.sum(axis=-1)
+        p = p / mx.maximum(mass, 1e-9)[..., None]
     loss, top1 = mx.array(0.0), []
     for j, lg in enumerate(logits):
         valid = rows * (mx.arange(T) >= j)
-        trains = valid * (draft >= 0)
-        ce = nn.losses.cross_entropy(lg, mx.maximum(draft, 0), reduction="none")
+        if soft:
+            trains = valid * (mass > 0)
+            logq = lg - mx.logsumexp(lg, axis=-1, keepdims=True)
+            ce = -(p * mx.take_along_axis(logq, mx.maximum(sd, 0), axis=-1)).sum(axis=-1)
+        else:
+            trains = valid * (draft >= 0)
+            ce = nn.losses.cross_entropy(lg, mx.maximum(draft, 0), reduction="none")
         loss = loss + decay**j * (ce * trains).sum() / mx.maximum(trains.sum(), 1.0)
         hit = head.to_target_ids(mx.stop_gradient(lg).argmax(axis=-1)) == labels
         top1.append((hit * valid).sum() / mx.maximum(valid.sum(), 1.0))

@@ -11,6 +11,10 @@ arrays, one row per token, sequences back to back:
              ``norm(hidden)``);
 - ``ids``    int32 (N): the tokens;  ``labels`` int32 (N): the target's argmax at each position
              (its prediction of the next token; -1 where not computed);
+- ``soft_ids`` int32 (N, K), ``soft_p`` float16 (N, K), only in a store made with ``soft_k=K``:
+             the target's K most probable next tokens at each position and their probabilities
+             (EAGLE-3's reference loss trains on the target's distribution, not only its argmax;
+             0 / -1 where not computed);
 - ``mask``   uint8 (N): 1 where the next token is an answer token (or, at the last position, the
              token that would follow the answer): positions P-1 .. T-1 of a sequence whose prompt
              has P tokens. Only those positions carry a label and a loss. Why not the prompt: the
@@ -42,6 +46,7 @@ from ..errors import ConfigError
 from .clock import Deadline, passed
 
 ARRAYS = ("aux", "hidden", "ids", "labels", "mask")
+SOFT = ("soft_ids", "soft_p")  # present when meta["soft_k"] > 0
 
 
 class StoreMismatch(ConfigError):
@@ -78,12 +83,15 @@ class FeatureStore:
     ids: np.ndarray
     labels: np.ndarray
     mask: np.ndarray
+    soft_ids: np.ndarray | None = None
+    soft_p: np.ndarray | None = None
 
     @classmethod
     def open(cls, folder: Path) -> FeatureStore:
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        names = ARRAYS + (SOFT if meta.get("soft_k") else ())
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
         return cls(folder, meta, np.load(folder / "offsets.npy"), **arrays)
 
     def __len__(self) -> int:
@@ -102,9 +110,12 @@ def _allocate(folder: Path, meta: dict, lengths: list[int]) -> None:
     width = len(meta["aux_layers"]) * meta["hidden_size"]
     shapes = {"aux": ((n, width), np.float16), "hidden": ((n, meta["hidden_size"]), np.float16),
               "ids": ((n,), np.int32), "labels": ((n,), np.int32), "mask": ((n,), np.uint8)}
+    if meta.get("soft_k"):
+        k = meta["soft_k"]
+        shapes.update(soft_ids=((n, k), np.int32), soft_p=((n, k), np.float16))
     for name, (shape, dtype) in shapes.items():
         arr = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-        if name == "labels":
+        if name in ("labels", "soft_ids"):
             arr[:] = -1
         arr.flush()
         del arr
@@ -121,36 +132,52 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _check_meta(folder: Path, meta: dict) -> None:
     have = json.loads((folder / "meta.json").read_text())
-    for key in ("aux_layers", "hidden_size", "target", "answers", "sequences", "tokens"):
-        if have.get(key) != meta[key]:
+    for key in ("aux_layers", "hidden_size", "target", "answers", "sequences", "tokens", "soft_k"):
+        if have.get(key, 0) != meta[key]:
             raise StoreMismatch(f"the feature store {folder} was made with {key}={have.get(key)!r}, "
                                 f"this run needs {meta[key]!r}; remove that folder or pass another "
                                 "--work-dir")
 
 
 def score_sequence(target, ids: list[int], prompt_len: int, aux_layers: tuple[int, ...],
-                   chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(aux (T, len(aux)*H) f16, hidden (T, H) f16, labels (T,) int32 with -1 before P-1)."""
+                   chunk: int, soft_k: int = 0) -> tuple[np.ndarray, ...]:
+    """(aux (T, len(aux)*H) f16, hidden (T, H) f16, labels (T,) int32 with -1 before P-1,
+    soft_ids (T, soft_k) int32 / soft_p (T, soft_k) f16: the top-``soft_k`` next tokens by the
+    target's probability, most probable first, -1 / 0 before P-1)."""
     cache = target.make_cache()
-    aux, hidden, labels = [], [], []
+    aux, hidden, labels, soft_ids, soft_p = [], [], [], [], []
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
         out = target.score(piece, cache, capture=aux_layers, head=False)
         cache.commit()
         first = max(prompt_len - 1 - start, 0)  # labels only where the mask is set
         lab = np.full(len(piece), -1, dtype=np.int32)
+        sid = np.full((len(piece), soft_k), -1, dtype=np.int32)
+        sp = np.zeros((len(piece), soft_k), dtype=np.float16)
         if first < len(piece):
             logits = target.logits(out.hidden[first:])
             lab[first:] = np.array(mx.argmax(logits, axis=-1).astype(mx.int32))
+            if soft_k:
+                top = mx.argpartition(-logits, soft_k - 1, axis=-1)[:, :soft_k]
+                vals = mx.take_along_axis(logits, top, axis=-1)
+                order = mx.argsort(-vals, axis=-1)  # most probable first
+                top = mx.take_along_axis(top, order, axis=-1)
+                logp = mx.take_along_axis(vals, order, axis=-1) - mx.logsumexp(
+                    logits, axis=-1, keepdims=True)
+                sid[first:] = np.array(top.astype(mx.int32))
+                sp[first:] = np.array(mx.exp(logp).astype(mx.float16))
         feats = mx.concatenate([out.captured[i] for i in aux_layers], axis=-1)
         aux.append(np.array(feats.astype(mx.float16)))
         hidden.append(np.array(out.hidden.astype(mx.float16)))
         labels.append(lab)
-    return np.concatenate(aux), np.concatenate(hidden), np.concatenate(labels)
+        soft_ids.append(sid)
+        soft_p.append(sp)
+    return (np.concatenate(aux), np.concatenate(hidden), np.concatenate(labels),
+            np.concatenate(soft_ids), np.concatenate(soft_p))
 
 
 def write_features(target, answers: list[dict], folder: Path, *, aux_layers: tuple[int, ...],
-                   max_seq: int, chunk: int = 512, fingerprint: str = "",
+                   max_seq: int, chunk: int = 512, fingerprint: str = "", soft_k: int = 0,
                    deadline: Deadline | None = None) -> dict:
     """Fill (or finish) the store in ``folder``; returns counts, seconds and tokens/s.
 
@@ -162,14 +189,15 @@ def write_features(target, answers: list[dict], folder: Path, *, aux_layers: tup
     lengths = [len(ids) for ids, _ in seqs]
     meta = {"version": 1, "aux_layers": list(aux_layers), "hidden_size": target.args.hidden_size,
             "target": fingerprint, "answers": answers_digest(seqs), "sequences": len(seqs),
-            "tokens": int(sum(lengths)), "max_seq": max_seq}
+            "tokens": int(sum(lengths)), "max_seq": max_seq, "soft_k": soft_k}
     if (folder / "progress.json").exists():
         _check_meta(folder, meta)
     else:
         _allocate(folder, meta, lengths)
     progress = json.loads((folder / "progress.json").read_text())
     done = progress["done"]
-    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in ARRAYS}
+    names = ARRAYS + (SOFT if soft_k else ())
+    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in names}
     offsets = np.load(folder / "offsets.npy")
     bar = tqdm(total=meta["tokens"], initial=int(offsets[done]), desc="features (teacher forcing)",
                unit="tok", unit_scale=True)
@@ -179,9 +207,11 @@ def write_features(target, answers: list[dict], folder: Path, *, aux_layers: tup
         if passed(deadline):
             break
         ids, p = seqs[s]
-        aux, hidden, labels = score_sequence(target, ids, p, aux_layers, chunk)
+        aux, hidden, labels, sid, sp = score_sequence(target, ids, p, aux_layers, chunk, soft_k)
         rows = slice(int(offsets[s]), int(offsets[s + 1]))
         arrays["aux"][rows], arrays["hidden"][rows] = aux, hidden
+        if soft_k:
+            arrays["soft_ids"][rows], arrays["soft_p"][rows] = sid, sp
         arrays["ids"][rows], arrays["labels"][rows] = ids, labels
         mask = np.zeros(len(ids), dtype=np.uint8)
         mask[p - 1 :] = 1

@@ -41,8 +41,14 @@ def _pad(rows: list[np.ndarray], fill=0) -> np.ndarray:
 
 
 class Eagle3Objective:
-    def __init__(self, head: Eagle3Head, target, store: FeatureStore, depth: int):
-        self.module, self.store, self.depth = head, store, depth
+    def __init__(self, head: Eagle3Head, target, store: FeatureStore, depth: int,
+                 soft: bool = False):
+        """``soft``: train on the target's top-K probabilities (the store's ``soft_ids`` /
+        ``soft_p``) instead of its argmax alone."""
+        if soft and store.soft_ids is None:
+            raise ValueError(f"the feature store {store.folder} has no soft labels (made without "
+                             "--soft-labels)")
+        self.module, self.store, self.depth, self.soft = head, store, depth, soft
         self.embed = target.model.embed
         self.names = [f"d{j}" for j in range(depth)]
 
@@ -53,17 +59,24 @@ class Eagle3Objective:
 
     def batch(self, windows: list[tuple[int, int, int]]) -> dict:
         st = self.store
-        feats, nxt, labels, mask = [], [], [], []
+        feats, nxt, labels, mask, sid, sp = [], [], [], [], [], []
         for s, a, b in windows:
             r = st.rows(s).start
             feats.append(np.asarray(st.aux[r + a : r + b]))
             nxt.append(np.asarray(st.ids[r + a + 1 : r + b + 1]))
             labels.append(np.asarray(st.labels[r + a + 1 : r + b + 1]))
             mask.append(np.asarray(st.mask[r + a + 1 : r + b + 1]))
+            if self.soft:
+                sid.append(np.asarray(st.soft_ids[r + a + 1 : r + b + 1]))
+                sp.append(np.asarray(st.soft_p[r + a + 1 : r + b + 1]))
         labels = np.maximum(_pad(labels), 0)
-        return {"features": mx.array(_pad(feats)).astype(mx.float32),
-                "emb_next": self.embed(mx.array(_pad(nxt))).astype(mx.float32),
-                "labels": mx.array(labels), "mask": mx.array(_pad(mask))}
+        out = {"features": mx.array(_pad(feats)).astype(mx.float32),
+               "emb_next": self.embed(mx.array(_pad(nxt))).astype(mx.float32),
+               "labels": mx.array(labels), "mask": mx.array(_pad(mask))}
+        if self.soft:
+            out["soft_ids"] = mx.array(_pad(sid, fill=-1))
+            out["soft_p"] = mx.array(_pad(sp)).astype(mx.float32)
+        return out
 
     def loss(self, module, batch):
         return eagle3_loss(module, batch, self.depth)

@@ -114,12 +114,13 @@ def run(s: TrainSettings, log: Callable[[str], None] = print) -> dict:
     batch_model = None
     if not report["answers"]["complete"]:
         return _stopped(report, "answers", log)
+    features = folder / ("features" if not s.soft_labels else f"features-soft{s.soft_labels}")
     report["features"] = clock.timed("features", lambda: write_features(
-        target, answers, folder / "features", aux_layers=aux_layers(target), max_seq=s.max_seq,
-        fingerprint=fp, deadline=deadline))
+        target, answers, features, aux_layers=aux_layers(target), max_seq=s.max_seq,
+        soft_k=s.soft_labels, fingerprint=fp, deadline=deadline))
     if not report["features"]["complete"]:
         return _stopped(report, "features", log)
-    store = FeatureStore.open(folder / "features")
+    store = FeatureStore.open(features)
     config, module, report["train"] = clock.timed("train", lambda: phase_train(
         s, target, store, folder, deadline))
     report["status"] = "stopped by the time budget" if report["train"]["stopped_by_budget"] else "done"
@@ -252,14 +253,16 @@ def warm_start(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
 def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, deadline):
     train_seqs, held_seqs = trainer.split(len(store), s.held_out, s.seed)
     config, module, vocab = build_head(s, target, store, train_seqs, held_seqs)
-    objective = (Eagle3Objective(module, target, store, s.depths) if s.kind == "eagle3"
+    objective = (Eagle3Objective(module, target, store, s.depths, soft=s.soft_labels > 0)
+                 if s.kind == "eagle3"
                  else MedusaObjective(module, target, store))
     n_windows = len(trainer.windows(store, train_seqs, objective, s.window))
     steps = trainer.plan_steps(n_windows, s.batch_size, s.epochs, s.steps)
     plan = trainer.Plan(steps=steps, batch_size=s.batch_size, window=s.window, lr=s.lr_for_kind,
                         warmup=round(s.warmup * steps), weight_decay=s.weight_decay, clip=s.clip,
                         seed=s.seed, eval_every=s.eval_every, checkpoint_every=s.checkpoint_every)
-    key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s)})
+    soft = {"soft_labels": s.soft_labels} if s.soft_labels else {}  # older folders keep their key
+    key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s), **soft})
     result = trainer.train(objective, store, plan, folder / f"train-{s.kind}-{key}",
                            train_seqs=train_seqs, held_seqs=held_seqs, deadline=deadline,
                            resume=s.resume)

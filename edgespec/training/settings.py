@@ -65,6 +65,10 @@ class TrainSettings:
     window: int = field(default=512, metadata=_help("rows per training window; longer sequences are split"))
     draft_vocab: int = field(default=8192, metadata=_help(
         "eagle3: size of the draft vocabulary (the most frequent target tokens in the training answers)"))
+    soft_labels: int = field(default=0, metadata=_help(
+        "eagle3: train on the model's K most probable next tokens and their probabilities at "
+        "each position (stored with the features, in their own folder) instead of its argmax "
+        "alone; 0: the argmax only"))
     depths: int = field(default=4, metadata=_help(
         "eagle3: training-time-test steps (the head fed its own hidden states), losses weighted 0.8^j"))
     medusa_heads: int = field(default=4, metadata=_help("medusa: number of heads (head i predicts t+2+i)"))
@@ -104,7 +108,7 @@ class TrainSettings:
         for name, lo, hi in (("questions", 1, 10**7), ("question_tokens", 8, 4096),
                              ("answer_tokens", 1, 32768), ("gen_batch", 1, 1024),
                              ("max_seq", 16, 10**6), ("batch_size", 1, 4096), ("window", 8, 10**6),
-                             ("draft_vocab", 2, 10**7), ("depths", 1, 16),
+                             ("draft_vocab", 2, 10**7), ("depths", 1, 16), ("soft_labels", 0, 64),
                              ("medusa_heads", 1, 16), ("medusa_layers", 1, 8),
                              ("eval_every", 1, 10**9), ("checkpoint_every", 1, 10**9),
                              ("seed", 0, 2**31 - 1)):
