@@ -34,6 +34,7 @@ from pathlib import Path
 import edgespec  # noqa: F401  (first: it loads the optimized BLAS before MLX starts)
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from edgespec.bench import _header, environment, load_prompts
@@ -58,7 +59,8 @@ def resized(head: Eagle3Head, target, store: FeatureStore, recipe: dict, size: i
     train_seqs, held_seqs = trainer.split(len(store), s["held_out"], s["seed"])
     ids, _ = draft_vocabulary(store, train_seqs, held_seqs, size, target.args.vocab_size)
     out = Eagle3Head(dataclasses.replace(head.config, draft_vocab_size=len(ids)))
-    out.load_weights([(k, v) for k, v in _flat(head) if not k.startswith("lm_head")], strict=False)
+    out.load_weights([(k, v) for k, v in tree_flatten(head.parameters())
+                      if not k.startswith("lm_head")], strict=False)
     rows = target_lm_head_weight(target)[mx.array(ids)].astype(mx.float32)
     mine = np.array(head.to_draft_ids(mx.array(ids)))  # -1 where the trained head lacks the id
     have = np.nonzero(mine >= 0)[0]
@@ -67,11 +69,6 @@ def resized(head: Eagle3Head, target, store: FeatureStore, recipe: dict, size: i
     out.set_draft_vocab(ids)
     mx.eval(out.parameters())
     return out
-
-
-def _flat(module) -> list:
-    from mlx.utils import tree_flatten
-    return tree_flatten(module.parameters())
 
 
 def run(engine: Engine, prompts, max_tokens: int) -> dict:
@@ -116,10 +113,10 @@ def main(argv=None) -> int:
     def drafter(v, b):
         return Eagle3Drafter(target, heads[v], curve if b == "adaptive" else None,
                              nodes=None if b == "adaptive" else b,
-                             max_nodes=max(32, b if b != "adaptive" else 0))
+                             max_nodes=32 if b == "adaptive" else max(32, b))
 
     Engine(target).generate([{"role": "user", "content": prompts[0].text}], max_tokens=16)
-    results = {"none": None}
+    results = {}
     cells = [(v, b) for v in vocabs for b in budgets]
     engines = {c: Engine(target, drafter(*c)) for c in cells}
     for e in engines.values():  # warm-up
