@@ -23,27 +23,13 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from edgespec.engine import Engine
 from edgespec.heads.eagle3 import eagle3_loss
 from edgespec.heads.formats import load_head
 from edgespec.loading.hub import resolve_model
-from edgespec.prompt import encode_prompt
 from edgespec.targets import load_target
 
 EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval" / "mt_bench.jsonl"
-
-
-def greedy_answer(target, ids: list[int], max_tokens: int) -> list[int]:
-    cache = target.make_cache()
-    out = target.score(ids, cache)
-    cache.commit()
-    answer, eos = [], set(target.tokenizer.eos_token_ids)
-    tok = int(mx.argmax(out.logits[-1]))
-    while len(answer) < max_tokens and tok not in eos:
-        answer.append(tok)
-        out = target.score([tok], cache)
-        cache.commit()
-        tok = int(mx.argmax(out.logits[-1]))
-    return answer
 
 
 def batch_of(target, ids: list[int], prompt_len: int, aux: tuple[int, ...]) -> dict:
@@ -77,10 +63,12 @@ def main(argv=None) -> int:
     records = [json.loads(x) for x in lines if x.strip()][:: a.stride][: a.limit]
     hits = np.zeros((len(heads), a.depths))
     rows = np.zeros(a.depths)
+    engine = Engine(target)  # plain greedy decoding
     for rec in tqdm(records, desc="answers + agreement", file=sys.stderr):
         text = rec["turns"][0] if "turns" in rec else rec.get("prompt", "")
-        ids = encode_prompt(target.tokenizer, [{"role": "user", "content": text}])
-        full = ids + greedy_answer(target, ids, a.max_tokens)
+        messages = [{"role": "user", "content": text}]
+        ids = engine.encode(messages)
+        full = ids + engine.generate(messages, max_tokens=a.max_tokens).token_ids
         for h, head in enumerate(heads):
             b = batch_of(target, full, len(ids), tuple(head.config.aux_layers))
             _, top1 = eagle3_loss(head, b, a.depths)

@@ -71,18 +71,15 @@ def resized(head: Eagle3Head, target, store: FeatureStore, recipe: dict, size: i
     return out
 
 
-def run(engine: Engine, prompts, max_tokens: int) -> dict:
-    tot = {"tokens": 0, "decode_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "forwards": 0}
-    for p in prompts:
-        r = engine.generate([{"role": "user", "content": p.text}], max_tokens=max_tokens)
-        s = r.stats
-        tot["tokens"] += s.generated_tokens
-        tot["decode_s"] += s.decode_s
-        tot["draft_s"] += s.draft_s
-        tot["verify_s"] += s.verify_s
-        tot["forwards"] += s.target_forwards
-        tot.setdefault("ids", []).append(r.token_ids)
-    return tot
+STATS = ("tokens", "decode_s", "draft_s", "verify_s", "forwards")
+
+
+def run(engine: Engine, prompt, max_tokens: int) -> dict:
+    """One prompt's ``STATS`` and token ids."""
+    r = engine.generate([{"role": "user", "content": prompt.text}], max_tokens=max_tokens)
+    s = r.stats
+    return {"tokens": s.generated_tokens, "decode_s": s.decode_s, "draft_s": s.draft_s,
+            "verify_s": s.verify_s, "forwards": s.target_forwards, "ids": r.token_ids}
 
 
 def main(argv=None) -> int:
@@ -116,7 +113,6 @@ def main(argv=None) -> int:
                              max_nodes=32 if b == "adaptive" else max(32, b))
 
     Engine(target).generate([{"role": "user", "content": prompts[0].text}], max_tokens=16)
-    results = {}
     cells = [(v, b) for v in vocabs for b in budgets]
     engines = {c: Engine(target, drafter(*c)) for c in cells}
     for e in engines.values():  # warm-up
@@ -125,14 +121,14 @@ def main(argv=None) -> int:
     per = {c: [] for c in ["none", *cells]}
     with tqdm(total=len(prompts) * (1 + len(cells)), desc="vocab x budget", file=sys.stderr) as bar:
         for p in prompts:  # per prompt, plain first and then every cell: drift hits all alike
-            per["none"].append(run(Engine(target), [p], a.max_tokens))
+            per["none"].append(run(Engine(target), p, a.max_tokens))
             bar.update()
             for c in cells:
-                per[c].append(run(engines[c], [p], a.max_tokens))
+                per[c].append(run(engines[c], p, a.max_tokens))
                 bar.update()
+    results = {}
     for c, rows in per.items():
-        results[c] = {k: sum(r[k] for r in rows) for k in ("tokens", "decode_s", "draft_s",
-                                                            "verify_s", "forwards")}
+        results[c] = {k: sum(r[k] for r in rows) for k in STATS}
         results[c]["exact"] = sum(r["ids"] == b["ids"] for r, b in zip(rows, per["none"]))
     base = results["none"]["tokens"] / results["none"]["decode_s"]
     env = environment(target, max_tokens=a.max_tokens, num_prompts=len(prompts),

@@ -345,12 +345,8 @@ def test_a_store_with_soft_labels_holds_the_targets_top_k(tiny, tmp_path):
         assert (st.soft_ids[rows][: P - 1] == -1).all() and (st.soft_p[rows][: P - 1] == 0).all()
     with pytest.raises(StoreMismatch, match="soft_k"):
         write_features(tiny, answers, tmp_path, aux_layers=AUX, max_seq=20, soft_k=0)
-    plain = FeatureStore.open(_plain_store(tiny, tmp_path / "plain", answers))
+    write_features(tiny, answers, tmp_path / "plain", aux_layers=AUX, max_seq=20)
+    plain = FeatureStore.open(tmp_path / "plain")
     assert plain.soft_ids is None
     with pytest.raises(ValueError, match="no soft labels"):
         Eagle3Objective(_head("eagle3", tiny, plain).module, tiny, plain, depth=1, soft=True)
-
-
-def _plain_store(tiny, folder, answers):
-    write_features(tiny, answers, folder, aux_layers=AUX, max_seq=20)
-    return folder

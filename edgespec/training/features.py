@@ -49,6 +49,11 @@ ARRAYS = ("aux", "hidden", "ids", "labels", "mask")
 SOFT = ("soft_ids", "soft_p")  # present when meta["soft_k"] > 0
 
 
+def array_names(soft_k: int) -> tuple[str, ...]:
+    """The per-token arrays of a store made with ``soft_k``."""
+    return ARRAYS + (SOFT if soft_k else ())
+
+
 class StoreMismatch(ConfigError):
     """A feature folder holds features of other answers, layers or another target."""
 
@@ -90,8 +95,8 @@ class FeatureStore:
     def open(cls, folder: Path) -> FeatureStore:
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        names = ARRAYS + (SOFT if meta.get("soft_k") else ())
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
+                  for name in array_names(meta.get("soft_k", 0))}
         return cls(folder, meta, np.load(folder / "offsets.npy"), **arrays)
 
     def __len__(self) -> int:
@@ -196,8 +201,8 @@ def write_features(target, answers: list[dict], folder: Path, *, aux_layers: tup
         _allocate(folder, meta, lengths)
     progress = json.loads((folder / "progress.json").read_text())
     done = progress["done"]
-    names = ARRAYS + (SOFT if soft_k else ())
-    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in names}
+    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+")
+              for name in array_names(soft_k)}
     offsets = np.load(folder / "offsets.npy")
     bar = tqdm(total=meta["tokens"], initial=int(offsets[done]), desc="features (teacher forcing)",
                unit="tok", unit_scale=True)
