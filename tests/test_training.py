@@ -305,6 +305,11 @@ def test_magpie_openers_start_each_question_and_resume_the_same(tiny_models, tmp
     seen.clear()
     answers.write_questions(None, tok, plain, 3, seed=5, batch=4)
     assert all(row == prefix for row in seen)
+    # the evaluation filter (``keep``) judges the whole question, opener included
+    kept = tmp_path / "kept.jsonl"
+    answers.write_questions(None, tok, kept, 6, seed=5, batch=2, openers=openers,
+                            keep=lambda q: not q.startswith("Solve about"))
+    assert {r["prompt"].split()[0] for r in answers.read_records(kept)} <= {"Write", "Compare"}
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
