@@ -116,6 +116,31 @@ def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
         assert mx.array_equal(row[0], whole[i]).item(), i
 
 
+def test_a_held_cache_array_keeps_its_rows(mod, tiny_models):
+    """The block's new keys/values reach the cache by MLX's slice update, which writes them in
+    place only while the cache holds its buffer alone (in a decode loop of the demo model it
+    did for all 1,200 layer buffers of 20 steps); an array someone still holds must keep its
+    rows, and the cache must get the same rows either way."""
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    ids = [(3 * i + 1) % 200 + 4 for i in range(40)]
+    caches = []
+    for hold in (False, True):
+        cache = target.make_cache()
+        target.score(ids[:20], cache)
+        cache.commit()
+        mx.eval(cache.state())
+        held = cache.keys[0] if hold else None
+        before = np.array(cache.keys[0])
+        for i in range(3):
+            mx.eval(target.score(ids[20 + i : 21 + i], cache).logits, cache.state())
+            cache.commit()
+        if hold:
+            np.testing.assert_array_equal(np.array(held), before)
+        caches.append([np.array(a[:, :, : cache.slots(i)]) for i, a in enumerate(cache.keys)])
+    for a, b in zip(*caches):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights after the biases
     x = mx.zeros((2, 8))
     keys = mx.zeros((1, 1, 16, 4))

@@ -23,6 +23,10 @@ struct AttnArgs {
   int64_t N, S, L, H, Hkv, D, key_start, window;
   float scale, softcap;  // softcap 0: none
   int64_t q_h, q_n, k_h, k_t, v_h, v_t;  // strides in floats (the last axis is contiguous)
+  // The nodes' own keys/values (key j >= L is row j - L here), when they are not rows L.. of
+  // k and v (nullptr: they are); strides as above.
+  const float *kt = nullptr, *vt = nullptr;
+  int64_t kt_h = 0, kt_t = 0, vt_h = 0, vt_t = 0;
 };
 
 void attn_items_generic(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);

@@ -43,13 +43,15 @@ struct Weights {
 
 struct BlockJob {
   BlockShape s;
-  int64_t N, slots, capacity, key_start, window;
+  int64_t N, slots, key_start, window;
   bool q8;
   const float *x, *inv_freq, *n1, *n2, *bqkv, *bgu, *bd;
   Weights w[4];
   const uint32_t* anc;
   const int32_t* qpos;
-  float *out, *keys, *values;
+  const float *keys, *values;  // the cache, read only: head h, row t at h * X_h + t * X_t
+  int64_t k_h, k_t, v_h, v_t;
+  float *out, *k_rows, *v_rows;  // (N, H) and this forward's (kv_heads, N, D) keys/values
 };
 
 // y (M, N) = x (M, K) @ W.T
@@ -125,16 +127,16 @@ void run_block(const BlockJob& j) {
   rms_rows(j.x, H, j.n1, xn, H, N, H, s.eps);
   product(j.w[QKV], j.q8, xn, N, H, y, nqkv);
   add_bias(y, j.bqkv, N, nqkv);
-  // RoPE; k and v straight into the cache rows [slots, slots + N)
-  const int64_t cap = j.capacity;
-  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, j.keys + j.slots * D,
-             j.values + j.slots * D, N * D, D, cap * D, D, cap * D, D,
-             N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale, s.rope_scale};
+  // RoPE; k and v into this forward's rows
+  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, j.k_rows, j.v_rows, N * D, D, N * D, D,
+             N * D, D, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
+             s.rope_scale};
   qkv_rope_rows(r);
-  // attention over the committed rows and the new ones
+  // attention over the committed rows (the cache) and the new ones
   AttnArgs a{q, j.keys, j.values, attn, j.anc, j.qpos,
              N, j.slots + N, j.slots, s.heads, s.kv_heads, D, j.key_start, j.window,
-             s.attn_scale, 0.0f, N * D, D, cap * D, D, cap * D, D};
+             s.attn_scale, 0.0f, N * D, D, j.k_h, j.k_t, j.v_h, j.v_t,
+             j.k_rows, j.v_rows, N * D, D, N * D, D};
   run_tree_attention(a);
   for (int64_t h = 0; h < s.heads; ++h)  // (heads, N, D) -> (N, heads * D)
     for (int64_t i = 0; i < N; ++i)
@@ -150,38 +152,6 @@ void run_block(const BlockJob& j) {
   product(j.w[DOWN], j.q8, act, N, I, j.out, H);
   add_bias(j.out, j.bd, N, H);
   for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
-}
-
-// The output buffer `out` for the cache buffer `in`: in's memory when MLX can donate it, else
-// a row-contiguous copy (a sliding window's compacted cache is a strided view). MLX 0.32 gives
-// each output of a multi-output primitive its own reference to the inputs, so `in` is never
-// donatable here and the layer's cache is copied every forward (checked: every call copies).
-// That is ~12 MB a forward of the demo model at a 256-slot cache and grows with the context
-// (~90 MB at 2,000 tokens: a 2,000-token forward still measured 33.9 ms against the fused
-// path's 35.3). Writing the rows with MLX's single-output slice update (which donates) would
-// remove it, at two more operations a layer: not done yet.
-void cache_output(const mx::array& in, mx::array& out, mx::cpu::CommandEncoder& encoder) {
-  if (in.is_donatable() && in.flags().row_contiguous) {
-    out.copy_shared_buffer(in);
-    return;
-  }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  const auto& st = in.strides();
-  encoder.dispatch([src = in.data<float>(), dst = out.data<float>(), sh = in.shape(),
-                    s0 = int64_t(st[0]), s1 = int64_t(st[1]), s2 = int64_t(st[2]),
-                    s3 = int64_t(st[3])]() {
-    float* o = dst;
-    for (int64_t b = 0; b < sh[0]; ++b)
-      for (int64_t h = 0; h < sh[1]; ++h)
-        for (int64_t t = 0; t < sh[2]; ++t, o += sh[3]) {
-          const float* row = src + b * s0 + h * s1 + t * s2;
-          if (s3 == 1) {
-            std::memcpy(o, row, sh[3] * sizeof(float));
-          } else {
-            for (int64_t d = 0; d < sh[3]; ++d) o[d] = row[d * s3];
-          }
-        }
-  });
 }
 
 }  // namespace
@@ -203,8 +173,9 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   check(N >= 1 && N <= 64, "1..64 tokens");
   const auto& k = in[KEYS];
   check(k.ndim() == 4 && k.shape(0) == 1 && k.shape(1) == s.kv_heads && k.shape(3) == D &&
-            in[VALUES].shape() == k.shape(),
-        "keys and values must be (1, kv_heads, capacity, head_dim)");
+            in[VALUES].shape() == k.shape() && k.strides()[3] == 1 &&
+            in[VALUES].strides()[3] == 1,
+        "keys and values must be (1, kv_heads, capacity, head_dim), the last axis contiguous");
   check(slots >= 0 && slots + N <= k.shape(2), "the cache has no room for the new rows");
   check(in[ANC].ndim() == 2 && in[ANC].shape(0) == N && in[ANC].shape(1) == 2 &&
             in[QPOS].ndim() == 1 && in[QPOS].shape(0) == N,
@@ -243,14 +214,24 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   std::vector<mx::array> inputs = in;
   for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD})
     inputs[i] = mx::contiguous(in[i], false, st);
-  return mx::array::make_arrays({{N, H}, k.shape(), k.shape()},
-                                {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
-                                inputs);
+  const mx::Shape new_rows{1, s.kv_heads, N, D};
+  auto outs = mx::array::make_arrays({{N, H}, new_rows, new_rows},
+                                     {mx::float32, mx::float32, mx::float32},
+                                     std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
+                                     inputs);
+  // The new rows go into the cache buffers by MLX's slice update, which writes them in place
+  // when the buffer is the cache's alone (the KVCache has let go of it, nothing views it) and
+  // copies it otherwise. The block's own outputs could not do that: MLX holds a multi-output
+  // operation's inputs once per output, so its inputs are never donatable.
+  const mx::Shape start{0, 0, static_cast<int>(slots), 0};
+  const mx::Shape stop{1, s.kv_heads, static_cast<int>(slots) + N, D};
+  return {outs[0], mx::slice_update(k, outs[1], start, stop, st),
+          mx::slice_update(in[VALUES], outs[2], start, stop, st)};
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
-  return {{in[X].shape(0), shape_.hidden}, in[KEYS].shape(), in[VALUES].shape()};
+  const mx::Shape rows{1, shape_.kv_heads, in[X].shape(0), shape_.head_dim};
+  return {{in[X].shape(0), shape_.hidden}, rows, rows};
 }
 
 bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
@@ -263,15 +244,17 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& inputs,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
-  outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-  cache_output(inputs[KEYS], outputs[1], encoder);
-  cache_output(inputs[VALUES], outputs[2], encoder);
-  for (auto& o : outputs) encoder.set_output_array(o);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
-  BlockJob job{shape_, int64_t(inputs[X].shape(0)), slots_, int64_t(inputs[KEYS].shape(2)),
-               key_start_, window_, shape_.q8, ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2),
-               ptr(BQKV), ptr(BGU), ptr(BD), {}, inputs[ANC].data<uint32_t>(),
-               inputs[QPOS].data<int32_t>(), outputs[0].data<float>(),
+  const auto &ks = inputs[KEYS].strides(), &vs = inputs[VALUES].strides();
+  BlockJob job{shape_, int64_t(inputs[X].shape(0)), slots_, key_start_, window_, shape_.q8,
+               ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
+               inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(),
+               inputs[KEYS].data<float>(), inputs[VALUES].data<float>(), int64_t(ks[1]),
+               int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2]), outputs[0].data<float>(),
                outputs[1].data<float>(), outputs[2].data<float>()};
   for (int p = 0, at = WEIGHTS; p < 4; ++p) {
     Weights& w = job.w[p];

@@ -14,8 +14,9 @@
 // x (N, H). keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
 // committed rows first; the N new rows are written at [slots, slots + N) and attended with
 // the committed ones under the TreeMask (anc, qpos, key_start, window: attention_core.h's
-// contract; qpos are also the RoPE positions). keys'/values' are the buffers with those rows
-// (a copy: see cache_output in block.cpp). The biases are empty arrays when
+// contract; qpos are also the RoPE positions). keys'/values' are the buffers with those rows:
+// the operation itself returns the rows, (1, kv_heads, N, D), and MLX's slice update puts them
+// in, in place when the buffer is the cache's alone. The biases are empty arrays when
 // the block has none. Every step is the ops' own (rope_norm.h, dispatch.h, attention_core.h),
 // row by row, so a row's result does not depend on the rows computed with it; the pure-MLX
 // twin is the FusedBlock path of edgespec/kernels/fused_block.py.
