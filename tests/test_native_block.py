@@ -162,3 +162,27 @@ def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights afte
     with pytest.raises(ValueError, match="needs x, keys, values"):
         mod.decoder_block(arrays[:5], slots=3, **args)
     assert native.load() is mod
+
+
+def test_a_cache_whose_last_axis_is_strided_reads_the_same(mod):
+    """The block reads the cache through its strides; a view whose head_dim axis is not
+    contiguous (no KVCache makes one) is copied for attention and gives the same result."""
+    mx.random.seed(3)
+    H, D, I, slots = 8, 4, 16, 5
+    keys, values = mx.random.normal((1, 1, 16, D)), mx.random.normal((1, 1, 16, D))
+    strided_k = mx.swapaxes(mx.contiguous(mx.swapaxes(keys, 2, 3)), 2, 3)  # last stride 16
+    strided_v = mx.swapaxes(mx.contiguous(mx.swapaxes(values, 2, 3)), 2, 3)
+    mx.eval(keys, values, strided_k, strided_v)
+    assert strided_k.shape == keys.shape
+    rest = [mx.array([[0b11, 0], [0b10, 0]], dtype=mx.uint32), mx.array([5, 6], dtype=mx.int32),
+            mx.array([1.0, 0.01]), mx.ones((H,)), mx.ones((H,)), mx.zeros((0,)), mx.zeros((0,)),
+            mx.zeros((0,))] + [mx.random.normal(s) * 0.3 for s in ((16, H), (H, H), (2 * I, H),
+                                                                  (H, I))]
+    args = dict(hidden=H, heads=2, kv_heads=1, head_dim=D, intermediate=I, rope_dims=D,
+                traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
+                quant=[], q8=False, slots=slots, key_start=0, window=0)
+    x = mx.random.normal((2, H))
+    want = mod.decoder_block([x, keys, values, *rest], **args)
+    got = mod.decoder_block([x, strided_k, strided_v, *rest], **args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-6, atol=1e-6)
