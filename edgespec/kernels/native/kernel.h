@@ -30,6 +30,6 @@ float fma_loop_avx2(int64_t iters);
 #endif
 
 // Threads split N on multiples of this many weight rows.
-constexpr int64_t kRowsPerBlock = 48;  // a multiple of every ISA's NB_MAX and NB1_MAX (6, 3, 16, 12)
+constexpr int64_t kRowsPerBlock = 48;  // a multiple of every ISA's NB_MAX and NB1_MAX (6, 3, 4, 4)
 
 }  // namespace edgespec_native

@@ -24,7 +24,7 @@ inline __m256 tail256(const float* p, int r) {
 #define ROWS_FN rows_avx2_impl
 #define MB_MAX 4
 #define NB_MAX 3
-#define NB1_MAX 12
+#define NB1_MAX 4
 #define FMA_LOOP_FN fma_loop_avx2_impl
 #include "kernel_blocks.inc"
 

@@ -21,7 +21,7 @@ inline __m512 tail512(const float* p, int r) {
 #define ROWS_FN rows_avx512_impl
 #define MB_MAX 4
 #define NB_MAX 6
-#define NB1_MAX 16
+#define NB1_MAX 4
 #define FMA_LOOP_FN fma_loop_avx512_impl
 #include "kernel_blocks.inc"
 
