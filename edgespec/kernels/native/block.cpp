@@ -83,12 +83,13 @@ inline float exp_nonpositive(float x) {
 }
 
 // act[c] = SiLU(gu[c]) * gu[I + c] for one row (gate | up side by side). The sigmoid takes
-// e = e^-|gate| <= 1 (no overflow): 1 / (1 + e) for gate >= 0, e / (1 + e) below. Compiled once
-// per ISA (function multiversioning picks the widest the CPU has at load time); each element's
-// result depends on that element alone, so a row's bits do not depend on the rows beside it.
-// With int8 activations (`libm`), std::exp instead: down_proj then rounds every value to 8 bits,
-// and the twin's exp is libm's, so an approximate one would flip a few roundings.
-#if defined(__x86_64__) || defined(_M_X64)
+// e = e^-|gate| <= 1 (no overflow): 1 / (1 + e) for gate >= 0, e / (1 + e) below. On x86-64
+// Linux it is compiled once per ISA (function multiversioning picks the widest the CPU has at
+// load time; elsewhere it is compiled once, for the build's target). Each element's result
+// depends on that element alone, so a row's bits do not depend on the rows beside it. With
+// int8 activations (`libm`), std::exp instead: down_proj then rounds every value to 8 bits, and
+// the twin's exp is libm's, so an approximate one would flip a few roundings.
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)  // clones need ELF ifuncs
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void silu_mul(const float* __restrict gu, int64_t I, float* __restrict act, bool libm) {
