@@ -48,6 +48,8 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
     The sizes take turns, round by round, after one warm-up round that is not counted: on a
     shared machine drift then lands on every size alike, where timing one size after another
     let a slow spell make the 8/1 ratio anything from 1.2 to 1.5 (same code, same VM)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     cache = target.make_cache()
     ids = [(7 * i) % 1000 + 10 for i in range(context + max(sizes))]
     target.score(ids[:context], cache, head=False)
@@ -61,7 +63,7 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
             mx.eval(out.logits)
             if r > 0:
                 runs[n].append(time.perf_counter() - t)
-    return {n: statistics.median(r) for n, r in runs.items()}
+    return {n: statistics.median(ts) for n, ts in runs.items()}
 
 
 def stream_bandwidth(mib: int = 256, repeats: int = 7) -> float:

@@ -161,6 +161,8 @@ def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights afte
         mod.decoder_block(arrays, slots=3, **{**args, "quant": [[32, 4]] * 4})
     with pytest.raises(ValueError, match="needs x, keys, values"):
         mod.decoder_block(arrays[:5], slots=3, **args)
+    with pytest.raises(ValueError, match=r"head_dim 1\.\.256"):
+        mod.decoder_block(arrays, slots=3, **{**args, "head_dim": 300})
     assert native.load() is mod
 
 
