@@ -166,9 +166,10 @@ def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights afte
     assert native.load() is mod
 
 
-def test_a_cache_whose_last_axis_is_strided_reads_the_same(mod):
+def test_strided_inputs_read_the_same(mod):
     """The block reads the cache through its strides; a view whose head_dim axis is not
-    contiguous (no KVCache makes one) is copied for attention and gives the same result."""
+    contiguous (no KVCache makes one) is copied for attention, and so is a small input (x, a
+    norm weight) that is not row-contiguous: the results are the same."""
     mx.random.seed(3)
     H, D, I, slots = 8, 4, 16, 5
     keys, values = mx.random.normal((1, 1, 16, D)), mx.random.normal((1, 1, 16, D))
@@ -188,3 +189,11 @@ def test_a_cache_whose_last_axis_is_strided_reads_the_same(mod):
     got = mod.decoder_block([x, strided_k, strided_v, *rest], **args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-6, atol=1e-6)
+    # x and the norm weights as strided views too (copied when evaluated), x also as (1, N, H)
+    strided_x = mx.swapaxes(mx.contiguous(mx.swapaxes(x, 0, 1)), 0, 1)
+    n1 = mx.ones((2 * H,))[::2]
+    got = mod.decoder_block([strided_x[None], keys, values, *rest[:3], n1, *rest[4:]], **args)
+    assert got[0].shape == (1, 2, H)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.array(g).reshape(np.array(w).shape), np.array(w),
+                                   rtol=1e-6, atol=1e-6)

@@ -172,10 +172,10 @@ class FusedBlock:
         anc, qpos = mask.device_arrays
         q8 = bool(self.native_shape[-1]) and use_q8_activations(4)
         out, keys, values = native.load().decoder_block(
-            [x[0], keys, values, anc, qpos, *self.native_args], *self.native_shape, q8, slots,
+            [x, keys, values, anc, qpos, *self.native_args], *self.native_shape, q8, slots,
             mask.key_start, mask.window or 0)
         cache.set_buffers(layer, keys, values)
-        return out[None]
+        return out
 
 
 def _quant_key(block) -> tuple | None:

@@ -179,6 +179,26 @@ void run_block(const BlockJob& j) {
   for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
 }
 
+// A row-contiguous copy of a small 4-byte-element array given as a strided view, made by a task
+// on the stream (its data is ready only there).
+mx::array row_contiguous_copy(const mx::array& in, mx::cpu::CommandEncoder& encoder) {
+  mx::array out(in.shape(), in.dtype(), nullptr, {});
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  encoder.dispatch([src = static_cast<const uint32_t*>(in.data<void>()),
+                    dst = out.data<uint32_t>(), shape = in.shape(), strides = in.strides(),
+                    n = int64_t(in.size())]() {
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t rest = e, at = 0;
+      for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+        at += rest % shape[d] * strides[d];
+        rest /= shape[d];
+      }
+      dst[e] = src[at];
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
@@ -193,8 +213,10 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   for (int i = 0; i < WEIGHTS; ++i)
     check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
           "arrays must be float32 (anc uint32, qpos int32)");
-  check(in[X].ndim() == 2 && in[X].shape(1) == H, "x must be (N, hidden)");
-  const int N = in[X].shape(0);
+  const auto& x = in[X];
+  check((x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) && x.shape(-1) == H,
+        "x must be (N, hidden) or (1, N, hidden)");
+  const int N = x.shape(-2);
   check(N >= 1 && N <= 64, "1..64 tokens");
   check(D >= 1 && D <= 256, "head_dim 1..256");
   const auto& k = in[KEYS];
@@ -236,14 +258,13 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   check(!s.q8 || has_q8_activations(), "int8 activations need AVX-512 VNNI code");
   auto st = mx::to_stream(mx::StreamOrDevice{});
   if (st.device.type != mx::Device::cpu) st = mx::to_stream(mx::Device::cpu);
-  std::vector<mx::array> inputs = in;
-  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD})
-    inputs[i] = mx::contiguous(in[i], false, st);
+  // No contiguous() around the small inputs: it adds an operation each (9 a layer) even when
+  // they already are; eval_cpu copies any that is not.
   const mx::Shape new_rows{1, s.kv_heads, N, D};
-  auto outs = mx::array::make_arrays({{N, H}, new_rows, new_rows},
+  auto outs = mx::array::make_arrays({x.shape(), new_rows, new_rows},
                                      {mx::float32, mx::float32, mx::float32},
                                      std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
-                                     inputs);
+                                     in);
   // The new rows go into the cache buffers by MLX's slice update, which writes them in place
   // when the buffer is the cache's alone (the KVCache has let go of it, nothing views it) and
   // copies it otherwise. The block's own outputs could not do that: MLX holds a multi-output
@@ -255,8 +276,8 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
-  const mx::Shape rows{1, shape_.kv_heads, in[X].shape(0), shape_.head_dim};
-  return {{in[X].shape(0), shape_.hidden}, rows, rows};
+  const mx::Shape rows{1, shape_.kv_heads, in[X].shape(-2), shape_.head_dim};
+  return {in[X].shape(), rows, rows};
 }
 
 bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
@@ -265,17 +286,23 @@ bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
          window_ == o.window_;
 }
 
-void DecoderBlock::eval_cpu(const std::vector<mx::array>& inputs,
+void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (const auto& a : given) encoder.set_input_array(a);
+  std::vector<mx::array> inputs = given;  // the small ones row-contiguous (the weights were checked)
+  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD})
+    if (inputs[i].size() && !inputs[i].flags().row_contiguous) {
+      inputs[i] = row_contiguous_copy(inputs[i], encoder);
+      encoder.add_temporary(inputs[i]);
+    }
   for (auto& o : outputs) {
     o.set_data(mx::allocator::malloc(o.nbytes()));
     encoder.set_output_array(o);
   }
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
   const auto &ks = inputs[KEYS].strides(), &vs = inputs[VALUES].strides();
-  BlockJob job{shape_, int64_t(inputs[X].shape(0)), slots_, key_start_, window_, shape_.q8,
+  BlockJob job{shape_, int64_t(inputs[X].shape(-2)), slots_, key_start_, window_, shape_.q8,
                ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
                inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(),
                inputs[KEYS].data<float>(), inputs[VALUES].data<float>(), int64_t(ks[1]),

@@ -11,7 +11,7 @@
 // shape.quant says so, MLX's affine packing (uint32 (N, K bits / 32), float32 scales and
 // biases (N, K / group size)): the quantized kernel's products (quantized_matmul.h).
 //
-// x (N, H). keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
+// x (N, H) or (1, N, H); out has its shape. keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
 // committed rows first; the N new rows are written at [slots, slots + N) and attended with
 // the committed ones under the TreeMask (anc, qpos, key_start, window: attention_core.h's
 // contract; qpos are also the RoPE positions). keys'/values' are the buffers with those rows:
