@@ -49,8 +49,8 @@ struct BlockJob {
   Weights w[4];
   const uint32_t* anc;
   const int32_t* qpos;
-  const float *keys, *values;  // the cache, read only: head h, row t, d at h * X_h + t * X_t + d * X_d
-  int64_t k_h, k_t, k_d, v_h, v_t, v_d;
+  const float *keys, *values;  // the cache, read only: head h, row t at h * X_h + t * X_t
+  int64_t k_h, k_t, v_h, v_t;
   float *out, *k_rows, *v_rows;  // (N, H) and this forward's (kv_heads, N, D) keys/values
 };
 
@@ -106,18 +106,6 @@ void silu_mul(const float* __restrict gu, int64_t I, float* __restrict act, bool
   }
 }
 
-// The committed rows of a cache whose last axis is not contiguous (no KVCache makes one; a view
-// could), copied so that attention can read them: returns the copy, row t of head h at
-// (h * rows + t) * D.
-const float* unit_rows(const float* c, int64_t h_s, int64_t t_s, int64_t d_s, int64_t heads,
-                       int64_t rows, int64_t D, std::vector<float>& out) {
-  out.resize(heads * rows * D);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t d = 0; d < D; ++d) out[(h * rows + t) * D + d] = c[h * h_s + t * t_s + d * d_s];
-  return out.data();
-}
-
 void run_block(const BlockJob& j) {
   const BlockShape& s = j.s;
   const int64_t N = j.N, H = s.hidden, D = s.head_dim, I = s.intermediate;
@@ -147,20 +135,9 @@ void run_block(const BlockJob& j) {
              s.rope_scale};
   qkv_rope_rows(r);
   // attention over the committed rows (the cache) and the new ones
-  const float *keys = j.keys, *values = j.values;
-  int64_t k_h = j.k_h, k_t = j.k_t, v_h = j.v_h, v_t = j.v_t;
-  std::vector<float> k_copy, v_copy;
-  if (j.k_d != 1) {
-    keys = unit_rows(j.keys, j.k_h, j.k_t, j.k_d, s.kv_heads, j.slots, D, k_copy);
-    k_h = j.slots * D, k_t = D;
-  }
-  if (j.v_d != 1) {
-    values = unit_rows(j.values, j.v_h, j.v_t, j.v_d, s.kv_heads, j.slots, D, v_copy);
-    v_h = j.slots * D, v_t = D;
-  }
-  AttnArgs a{q, keys, values, attn, j.anc, j.qpos,
+  AttnArgs a{q, j.keys, j.values, attn, j.anc, j.qpos,
              N, j.slots + N, j.slots, s.heads, s.kv_heads, D, j.key_start, j.window,
-             s.attn_scale, 0.0f, N * D, D, k_h, k_t, v_h, v_t,
+             s.attn_scale, 0.0f, N * D, D, j.k_h, j.k_t, j.v_h, j.v_t,
              j.k_rows, j.v_rows, N * D, D, N * D, D};
   run_tree_attention(a);
   for (int64_t h = 0; h < s.heads; ++h)  // (heads, N, D) -> (N, heads * D)
@@ -179,8 +156,8 @@ void run_block(const BlockJob& j) {
   for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
 }
 
-// A row-contiguous copy of a small 4-byte-element array given as a strided view, made by a task
-// on the stream (its data is ready only there).
+// A row-contiguous copy of a 4-byte-element array given as a strided view, made by a task on
+// the stream (its data is ready only there).
 mx::array row_contiguous_copy(const mx::array& in, mx::cpu::CommandEncoder& encoder) {
   mx::array out(in.shape(), in.dtype(), nullptr, {});
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -290,12 +267,18 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : given) encoder.set_input_array(a);
-  std::vector<mx::array> inputs = given;  // the small ones row-contiguous (the weights were checked)
-  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD})
-    if (inputs[i].size() && !inputs[i].flags().row_contiguous) {
+  // The small inputs row-contiguous (the weights were checked), the cache with a contiguous
+  // last axis: it is read through its other strides (a sliding window's compacted cache is a
+  // view); no KVCache makes one whose head_dim axis is strided, but a view could.
+  std::vector<mx::array> inputs = given;
+  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES}) {
+    const bool readable = i == KEYS || i == VALUES ? inputs[i].strides()[3] == 1
+                                                   : inputs[i].flags().row_contiguous;
+    if (inputs[i].size() && !readable) {
       inputs[i] = row_contiguous_copy(inputs[i], encoder);
       encoder.add_temporary(inputs[i]);
     }
+  }
   for (auto& o : outputs) {
     o.set_data(mx::allocator::malloc(o.nbytes()));
     encoder.set_output_array(o);
@@ -306,8 +289,8 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
                inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(),
                inputs[KEYS].data<float>(), inputs[VALUES].data<float>(), int64_t(ks[1]),
-               int64_t(ks[2]), int64_t(ks[3]), int64_t(vs[1]), int64_t(vs[2]), int64_t(vs[3]),
-               outputs[0].data<float>(), outputs[1].data<float>(), outputs[2].data<float>()};
+               int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2]), outputs[0].data<float>(),
+               outputs[1].data<float>(), outputs[2].data<float>()};
   for (int p = 0, at = WEIGHTS; p < 4; ++p) {
     Weights& w = job.w[p];
     if (shape_.quant[p][1] == 0) {
