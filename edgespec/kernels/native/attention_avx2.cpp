@@ -1,5 +1,6 @@
 // attention_core.inc compiled for avx2 (see CMakeLists.txt for its flags).
 #include "attention_core.h"
+#include "exp_neg.h"
 
 namespace edgespec_native {
 #define ATTN_FN attn_items_avx2

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "attention_core.h"
+#include "exp_neg.h"
 
 namespace edgespec_native {
 namespace {

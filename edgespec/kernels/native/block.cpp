@@ -9,6 +9,7 @@
 
 #include "attention_core.h"
 #include "dispatch.h"
+#include "exp_neg.h"
 #include "quantized_matmul.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -68,28 +69,15 @@ void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
 }
 
-// e^x for x <= 0, relative error <= ~4e-6 (from rounding x log2 e; ~2e-7 near 0), exactly 0
-// below -87.3: 2^(x log2 e) = 2^n 2^f with |f| <= 1/2, 2^f by its Taylor series to degree 6.
-// Branch-free (selects), so the loop below vectorizes.
-inline float exp_nonpositive(float x) {
-  const float t0 = x * 1.44269504088896341f;
-  const float t = t0 < -126.0f ? -126.0f : t0;
-  const float n = __builtin_floorf(t + 0.5f);
-  const float f = (t - n) * 0.693147180559945309f;
-  const float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, 4);
-  return t0 < -126.0f ? 0.0f : p * two_n;
-}
-
 // act[c] = SiLU(gu[c]) * gu[I + c] for one row (gate | up side by side). The sigmoid takes
-// e = e^-|gate| <= 1 (no overflow): 1 / (1 + e) for gate >= 0, e / (1 + e) below. On x86-64
-// Linux it is compiled once per ISA (function multiversioning picks the widest the CPU has at
-// load time; elsewhere it is compiled once, for the build's target). Each element's result
-// depends on that element alone, so a row's bits do not depend on the rows beside it. With
-// int8 activations (`libm`), std::exp instead: down_proj then rounds every value to 8 bits, and
-// the twin's exp is libm's, so an approximate one would flip a few roundings.
+// e = e^-|gate| <= 1 (exp_neg.h; no overflow): 1 / (1 + e) for gate >= 0, e / (1 + e) below,
+// with e exactly 0 below -87.3, where exp_neg stops at 2^-126 (which a huge negative gate would
+// turn into -1.18 up). On x86-64 Linux it is compiled once per ISA (function multiversioning
+// picks the widest the CPU has at load time; elsewhere it is compiled once, for the build's
+// target). Each element's result depends on that element alone, so a row's bits do not depend
+// on the rows beside it. With int8 activations (`libm`), std::exp instead: down_proj then
+// rounds every value to 8 bits, and the twin's exp is libm's, so an approximate one would flip
+// a few roundings.
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)  // clones need ELF ifuncs
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
@@ -100,7 +88,8 @@ void silu_mul(const float* __restrict gu, int64_t I, float* __restrict act, bool
   }
   for (int64_t c = 0; c < I; ++c) {
     const float gate = gu[c], up = gu[I + c];
-    const float e = exp_nonpositive(gate < 0.0f ? gate : -gate);
+    const float ng = gate < 0.0f ? gate : -gate;
+    const float e = ng * 1.44269504088896341f < -126.0f ? 0.0f : exp_neg(ng);
     const float sig = (gate < 0.0f ? e : 1.0f) / (1.0f + e);
     act[c] = gate * sig * up;
   }
