@@ -98,6 +98,35 @@ def test_oracle_head_sized_by_a_flat_cost_curve_drafts_deep(target):
     assert res.stats.target_forwards <= 5
 
 
+
+def test_a_depth_is_grown_only_when_its_forward_pays(target):
+    """``_deeper_pays``: the frontier's estimated children against one more head forward's cost,
+    on the same curve; greedy output stays plain decoding's whichever way it goes."""
+    drafter = Eagle3Drafter(target, random_head(target), FLAT, top_k=2)
+    parents, conf = [-1, 0, 0], [1.0, 0.9, 0.05]  # two depth-1 children of the root
+    assert drafter._deeper_pays(parents, conf, [1], 0)  # nothing measured yet: it expands
+    drafter.depth_ms, drafter.update_ms = 1.0, 1.0
+    drafter.child_edges = np.array([0.9, 0.05])  # children have been likely: worth 1 ms
+    assert drafter._deeper_pays(parents, conf, [1], 0)
+    drafter.depth_ms = 50.0  # a forward costing 5 verifications is not
+    assert not drafter._deeper_pays(parents, conf, [1], 0)
+    drafter.depth_ms, drafter.child_edges = 1.0, np.array([0.001, 0.001])  # nor unlikely children
+    assert not drafter._deeper_pays(parents, conf, [1], 0)
+    drafter.held_back = 0
+    for _ in range(16):  # held back at depth 1 step after step ...
+        assert not drafter._deeper_pays(parents, conf, [1], 0)
+    assert drafter._deeper_pays(parents, conf, [1], 0)  # ... until one forward re-measures
+    assert not drafter._deeper_pays(parents, conf, [1], 0)
+    drafter.child_edges = None
+    drafter._learn_child_edges(np.array([[0.2, 0.9], [0.5, 0.1]]))  # rows: parents
+    edges = drafter.calibration(np.array([[0.9, 0.2], [0.5, 0.1]])).mean(axis=0)
+    assert np.allclose(drafter.child_edges, edges) and edges[0] >= edges[1]
+    ids = Engine(target).encode(PROMPTS[0])
+    plain = Engine(target).generate(ids, max_tokens=20)
+    slow = Eagle3Drafter(target, random_head(target), FLAT)
+    res = Engine(target, slow).generate(ids, max_tokens=20)
+    assert res.token_ids == plain.token_ids and slow.child_edges is not None
+
 def test_prompt_longer_than_a_prefill_chunk(target):
     prompt = " ".join(f"word{i % 37}" for i in range(300))  # > 512 tokens
     ids = Engine(target).encode(prompt)

@@ -14,7 +14,11 @@ are committed to the head's cache for the next depth and trimmed away at the end
 holds only true pairs between steps. Then the best nodes over all depths are kept (ancestor-
 closed): ``nodes`` of them, or as many as maximise expected tokens per second on this device's
 verify-cost curve, each node's acceptance probability being its calibrated path probability
-(``confidence.py``); expansion stops once no node of the newest depth makes that cut.
+(``confidence.py``). Another depth costs a head forward (``depth_ms``, measured), so it is
+grown only while it pays: when the best rate with that forward's cost and the frontier's
+estimated children (each frontier node's path probability times the calibrated probabilities
+its children have had, best first: ``child_edges``, a moving average) beats the best rate
+without it, and while some node of the newest depth makes the cut.
 
 ``update`` feeds the pairs of the accepted path (the true features of the root and accepted
 nodes, each with the token that followed it) and learns the calibration from which tried nodes
@@ -38,16 +42,17 @@ import numpy as np
 from ..config import SamplingConfig
 from ..kernels.activations import logsumexp
 from ..prompt import shared_prefix
-from ..targets.cost import CostCurve
+from ..targets.cost import CostCurve, best_budget
 from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, chain_mask, subtree
 from ..verify import Accepted
 from .base import Drafter
-from .confidence import Calibration, choose
+from .confidence import Calibration, choose, path_probs
 
 _CHUNK = 512
 MAX_DEPTH = 8
 _EMA = 0.8
+_EXPLORE = 16  # steps kept at depth 1 before one forward re-measures what a depth gives
 
 
 class Eagle3Drafter(Drafter):
@@ -64,6 +69,8 @@ class Eagle3Drafter(Drafter):
         self.max_nodes = min(max_nodes, 63)
         self.calibration = Calibration()
         self.depth_ms = self.update_ms = 0.0  # measured head costs (moving averages)
+        self.child_edges: np.ndarray | None = None  # calibrated edges of a forward's children
+        self.held_back = 0  # steps in a row that ``_deeper_pays`` kept at depth 1
         self.reset()
 
     def reset(self) -> None:
@@ -169,6 +176,8 @@ class Eagle3Drafter(Drafter):
             if not any(depth[u] == d for u in keep):
                 break  # the newest depth did not make the cut: deeper nodes would not either
             frontier = sorted(level, key=lambda u: -logp[u])[: self.top_k]
+            if self.nodes is None and not self._deeper_pays(parents, conf, frontier, forwards):
+                break
             anc = np.array([[self._is_ancestor(parents, v, u) for v in fed] for u in frontier],
                            dtype=bool).reshape(len(frontier), len(fed))
             mask = np.concatenate([np.ones((len(frontier), n_true), bool), anc,
@@ -181,7 +190,9 @@ class Eagle3Drafter(Drafter):
             fed.extend(frontier)
             for i, u in enumerate(frontier):
                 out_of[u] = out[i : i + 1]
+            first_child = len(tokens)
             self._expand(frontier, logits, tokens, parents, conf, logp, depth)
+            self._learn_child_edges(np.array(conf[first_child:]).reshape(len(frontier), -1))
         self.cache.trim(len(fed))
         keep, _ = self._cut(parents, conf, forwards)
         tree = subtree(tokens, parents, keep)
@@ -218,10 +229,41 @@ class Eagle3Drafter(Drafter):
             u = parents[u]
         return False
 
+    def _draft_ms(self, forwards: int) -> float:
+        """What a step costs the drafter with ``forwards`` head forwards in ``propose``."""
+        return self.update_ms + self.depth_ms * forwards
+
     def _cut(self, parents, conf, forwards: int):
-        draft_ms = self.update_ms + self.depth_ms * max(forwards, 1)
-        return choose(parents, np.array(conf), self.calibration, self.curve, draft_ms,
-                      self.nodes, self.max_nodes)
+        return choose(parents, np.array(conf), self.calibration, self.curve,
+                      self._draft_ms(forwards), self.nodes, self.max_nodes)
+
+    def _deeper_pays(self, parents, conf, frontier: list[int], forwards: int) -> bool:
+        """Whether one more head forward (the ``frontier``'s children) is expected to raise the
+        step's committed tokens per ms: the best budget over the nodes so far plus the
+        estimated children, paying ``forwards + 1`` forwards, against the best budget over the
+        nodes so far, paying ``forwards``. Without an estimate yet (no forward measured) it
+        expands, which is how the estimate is learnt; and after ``_EXPLORE`` steps in a row kept
+        at depth 1 it expands once, so that one slow measurement cannot stop all expansion."""
+        if self.child_edges is None or not self.depth_ms or self.held_back >= _EXPLORE:
+            self.held_back = 0
+            return True
+        probs = path_probs(parents, self.calibration(np.array(conf)))[1:]
+        children = np.outer(probs[np.array(frontier) - 1], self.child_edges).ravel()
+        limit = self.max_nodes
+        now = best_budget(np.sort(probs)[::-1], self.curve, self._draft_ms(forwards), limit)
+        more = best_budget(np.sort(np.concatenate([probs, children]))[::-1], self.curve,
+                           self._draft_ms(forwards + 1), limit)
+        if more.rate > now.rate:
+            return True
+        self.held_back += forwards == 0
+        return False
+
+    def _learn_child_edges(self, child_conf: np.ndarray) -> None:
+        """Fold one forward's children (rows: parents, columns: their top-k children, best
+        first) into ``child_edges``: their calibrated edge probabilities, averaged over parents."""
+        edges = np.sort(self.calibration(child_conf), axis=1)[:, ::-1].mean(axis=0)
+        self.child_edges = edges if self.child_edges is None else (
+            _EMA * self.child_edges + (1 - _EMA) * edges)
 
     # ---- learning the outcome ---------------------------------------------------------------
 
