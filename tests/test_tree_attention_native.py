@@ -142,3 +142,13 @@ def test_a_keys_score_does_not_depend_on_how_many_keys_are_cached(mod, isa, d): 
         assert mx.array_equal(one[:, :, 0], nine[:, :, 8]).item()
     finally:
         mod.set_isa(before)
+
+
+def test_a_chains_mask_is_the_trees_and_is_shared_read_only():
+    """``tree_mask(None, n, ...)`` (a chain: its bits made once per length) equals the mask of
+    the same chain given as a tree, for every length up to 64 (both words of the bitmask)."""
+    for n in range(1, 65):
+        chain = tree_mask(None, n, 3, 40, None)
+        tree = tree_mask(DraftTree(list(range(n)), list(range(-1, n - 1))), n, 3, 40, None)
+        assert np.array_equal(chain.anc, tree.anc) and np.array_equal(chain.qpos, tree.qpos)
+        assert tree_mask(None, n, 0, 9, 4).anc is chain.anc and not chain.anc.flags.writeable

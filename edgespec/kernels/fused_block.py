@@ -25,7 +25,7 @@ from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
 from . import native
-from .backend import SMALL_M_MAX, choice_key, on_cpu, use_native_block, use_q8_activations
+from .backend import SMALL_M_MAX, choice_key, on_cpu
 from .matmul import small_matmul
 from .qmatmul import quantized_small_matmul
 from .tree_mask import TreeMask
@@ -148,14 +148,18 @@ class FusedBlock:
         return cls(block, w, views, quant)
 
     def current(self, block) -> bool:
-        a, m = block.self_attn, block.mlp
-        mods = (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)
-        return all(lin.weight is v for lin, v in zip(mods, self.views))
+        # item lookups (an nn.Module is a dict of its children and arrays): this runs for every
+        # block of every forward, where attribute access through nn.Module costs more
+        a, m = block["self_attn"], block["mlp"]
+        q, k, v, g, u = self.views
+        return (a["q_proj"]["weight"] is q and a["k_proj"]["weight"] is k
+                and a["v_proj"]["weight"] is v and m["gate_proj"]["weight"] is g
+                and m["up_proj"]["weight"] is u)
 
     def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
-        if (self.native_args is not None and isinstance(mask, TreeMask) and x.shape[0] == 1
-                and x.shape[1] <= SMALL_M_MAX and x.dtype == mx.float32
-                and mask.cached == cache.slots(layer) and use_native_block()):
+        if (self.native_args is not None and isinstance(mask, TreeMask)
+                and mask.cached == cache.slots(layer) and mask.native_block[0]
+                and x.shape[0] == 1 and x.shape[1] <= SMALL_M_MAX and x.dtype == mx.float32):
             return self._native(x, mask, cache, layer)
         positions, mask = prepare(positions, mask)
         compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()
@@ -170,7 +174,7 @@ class FusedBlock:
         kv, d = self.native_shape[2:4]
         keys, values, slots = cache.write_buffers(layer, x.shape[1], kv, d)
         anc, qpos = mask.device_arrays
-        q8 = bool(self.native_shape[-1]) and use_q8_activations(4)
+        q8 = bool(self.native_shape[-1]) and mask.native_block[1]
         out, keys, values = native.load().decoder_block(
             [x, keys, values, anc, qpos, *self.native_args], *self.native_shape, q8, slots,
             mask.key_start, mask.window or 0)

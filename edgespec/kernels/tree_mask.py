@@ -10,7 +10,7 @@ twin expands them with ``dense()``, which equals ``tree.attention_mask`` (``test
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import mlx.core as mx
 import numpy as np
@@ -32,6 +32,15 @@ class TreeMask:
     def device_arrays(self) -> tuple[mx.array, mx.array]:
         """(anc, qpos) as MLX arrays, made once: every layer's kernel call takes the same."""
         return mx.array(self.anc), mx.array(self.qpos)
+
+    @cached_property
+    def native_block(self) -> tuple[bool, bool]:
+        """(whether float/quantized decoder blocks run as one native operation, whether a
+        4-bit one takes int8 activations): the backend's choice (``kernels.backend``), asked
+        once per mask, i.e. once per forward rather than once per layer."""
+        from .backend import use_native_block, use_q8_activations
+
+        return use_native_block(), use_q8_activations(4)
 
     @property
     def nodes(self) -> int:
@@ -70,8 +79,18 @@ def tree_mask(tree: DraftTree | None, n: int, key_start: int, offset: int,
     if n > MAX_NODES:
         raise ValueError(f"a TreeMask holds at most {MAX_NODES} nodes, got {n}")
     if tree is None:
-        anc, depths = np.tril(np.ones((n, n), dtype=bool)), np.arange(n)
+        bits, depths = chain_bits(n), np.arange(n)
     else:
-        anc, depths = tree.ancestor_mask(), tree.depths()
-    return TreeMask(ancestor_bits(anc), (offset + depths).astype(np.int32), key_start,
-                    offset - key_start, window)
+        bits, depths = ancestor_bits(tree.ancestor_mask()), tree.depths()
+    return TreeMask(bits, (offset + depths).astype(np.int32), key_start, offset - key_start,
+                    window)
+
+
+@lru_cache(maxsize=MAX_NODES + 1)
+def chain_bits(n: int) -> np.ndarray:
+    """``ancestor_bits`` of a chain of ``n`` nodes (node i: bits 0..i), made once per length
+    (read-only): a decoding step builds one per forward, and numpy's general path costs more
+    than the forward's other host work."""
+    bits = ancestor_bits(np.tril(np.ones((n, n), dtype=bool)))
+    bits.flags.writeable = False
+    return bits
