@@ -281,6 +281,30 @@ def test_medusa_export_and_round_trip(deep, tmp_path, own):
                                np.array(heads(x, lm)), atol=3e-2, rtol=3e-2)  # float16 file
 
 
+
+def test_a_medusa_draft_vocabulary_round_trips_and_is_required_when_named(deep, tmp_path):
+    """``draft_ids`` travels in head.safetensors; a config naming a draft vocabulary whose
+    weights lack it is refused; the published Medusa layout drops it (whole vocabulary)."""
+    from edgespec.heads.medusa import target_lm_head_weight
+
+    ids = np.arange(1, deep.args.vocab_size, 2)
+    c = HeadConfig.for_target(deep, "medusa", num_heads=2, num_layers=1, own_lm_head=False,
+                              draft_vocab_size=len(ids))
+    heads = MedusaHeads(c)
+    heads.set_draft_vocab(ids)
+    save_head(tmp_path / "ours", c, heads)
+    back_c, back = load_head(tmp_path / "ours", deep)
+    assert back_c == c and np.array_equal(back.draft_ids, ids)
+    weights = load_file(str(tmp_path / "ours" / "head.safetensors"))
+    del weights["draft_ids"]
+    save_file(weights, str(tmp_path / "ours" / "head.safetensors"))
+    with pytest.raises(HeadError, match=f"draft vocabulary of {len(ids)} but no draft_ids"):
+        load_head(tmp_path / "ours", deep)
+    save_head(tmp_path / "pub", c, heads, layout="medusa", shared_head=target_lm_head_weight(deep))
+    pub_c, pub = load_head(tmp_path / "pub", deep)
+    assert pub.draft_ids is None and pub_c.draft_vocab_size == 0
+
+
 # -- refusals and broken checkpoints
 
 

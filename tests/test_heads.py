@@ -15,6 +15,7 @@ from edgespec.heads import (Eagle3Head, HeadConfig, MedusaHeads, eagle3_loss, fi
                             fingerprint, medusa_loss, save_head, target_lm_head)
 from edgespec.heads.config import default_aux_layers
 from edgespec.heads.eagle3 import depth_mask
+from edgespec.heads.medusa import target_lm_head_weight
 from edgespec.tree import chain_mask
 
 LAYERS = 4
@@ -183,6 +184,39 @@ def test_medusa_loss_trains(deep):
         opt.update(heads, grads)
         mx.eval(heads.parameters(), opt.state)
     assert float(loss) < 0.7 * float(first) and len(top1) == 2
+
+
+
+def test_medusa_loss_over_a_draft_vocabulary(deep):
+    """With a draft vocabulary the loss is the cross-entropy over its rows of the shared head,
+    labels outside it are left out of the loss and count as misses; it still trains."""
+    V = deep.args.vocab_size
+    x, _, _, argmax = _sequence(deep, (1,), T=16)
+    out = deep.score(x[:16], deep.make_cache())
+    hidden = deep.model.model.norm(out.hidden)
+    labels = np.array(argmax)
+    ids = np.unique(np.concatenate([labels[1:9], np.arange(0, V, 5)]))  # some labels missing
+    ids = ids[~np.isin(ids, labels[9:12])]
+    c = HeadConfig.for_target(deep, "medusa", num_heads=1, num_layers=1, own_lm_head=False,
+                              draft_vocab_size=len(ids))
+    heads = MedusaHeads(c)
+    heads.set_draft_vocab(ids)
+    batch = {"hidden": hidden[None], "argmax": argmax[None], "mask": mx.ones((1, 16))}
+    loss, (top1,) = medusa_loss(heads, batch, target_lm_head(deep, ids))
+    logits = np.array(hidden @ target_lm_head_weight(deep).T)[:, ids]  # blocks start as identity
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    index = {int(t): i for i, t in enumerate(ids)}
+    inside = [t for t in range(15) if int(labels[t + 1]) in index]
+    want = -np.mean([logp[t, index[int(labels[t + 1])]] for t in inside])
+    hits = sum(int(ids[logits[t].argmax()]) == int(labels[t + 1]) for t in inside)
+    assert 0 < len(inside) < 15
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    np.testing.assert_allclose(float(top1), hits / 15, rtol=1e-6)
+    with pytest.raises(HeadError, match="own LM heads"):
+        HeadConfig.for_target(deep, "medusa", own_lm_head=True, draft_vocab_size=8)
+    with pytest.raises(HeadError, match="distinct target ids"):
+        heads.set_draft_vocab(ids[:-1])
 
 
 # -- finding a head

@@ -150,3 +150,35 @@ def test_shape_from_the_recipe(target, tmp_path):
     assert MedusaDrafter(target, heads, FLAT, recipe_dir=tmp_path).shape == choose_shape(
         [[0.3, 0.45, 0.55, 0.62, 0.68, 0.72, 0.75, 0.78]] * 4, FLAT, 4)
     assert MedusaDrafter(target, heads, FLAT, recipe_dir=tmp_path / "none").shape == DEFAULT_SHAPE
+
+
+def _vocab_heads(target, ids) -> MedusaHeads:
+    """Random heads sharing the target's LM head, drafting only ``ids``."""
+    mx.random.seed(2)
+    c = HeadConfig.for_target(target, "medusa", num_heads=3, own_lm_head=False,
+                              draft_vocab_size=len(ids))
+    heads = MedusaHeads(c)
+    for block in (h.blocks[0] for h in heads.heads):
+        block.linear.weight = mx.random.normal(block.linear.weight.shape) * 0.1
+    heads.set_draft_vocab(ids)
+    mx.eval(heads.parameters())
+    return heads
+
+
+def test_a_draft_vocabulary_reads_its_rows_of_the_shared_head_and_stays_lossless(target):
+    """The drafter's logits are the full-vocabulary logits' columns of ``draft_ids``; every
+    drafted token is one of them; greedy output is plain decoding's."""
+    V = target.args.vocab_size
+    ids = np.arange(3, V, 3)
+    heads = _vocab_heads(target, ids)
+    drafter = MedusaDrafter(target, heads, None, nodes=4)
+    x = mx.random.normal((1, target.args.hidden_size))
+    full = heads(x, target_lm_head(target))[:2, 0]
+    np.testing.assert_allclose(np.array(drafter._logits(x, 2)), np.array(full)[:, ids], atol=1e-4)
+    for prompt in PROMPTS:
+        plain = Engine(target).generate(prompt, max_tokens=16)
+        res = Engine(target, MedusaDrafter(target, heads, None, nodes=4)).generate(
+            prompt, max_tokens=16)
+        assert res.token_ids == plain.token_ids and res.stats.proposed > 0
+        drafted = [t for s in res.steps for t in s.token_ids[: s.accepted]]
+        assert set(drafted) <= set(ids.tolist())

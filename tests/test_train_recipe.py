@@ -77,6 +77,11 @@ def test_train_both_kinds_from_data(model_dir, data, tmp_path, monkeypatch, tiny
     assert set(recipe["train"]["held_out"]) == {"step", "loss", "h0", "h1"}
     config, heads = load_head(tmp_path / "medusa", target)
     assert config.kind == "medusa" and config.num_heads == 2 and not config.own_lm_head
+    # sharing the target's LM head, it drafts from --draft-vocab of its rows
+    assert config.draft_vocab_size == 48 and len(heads.draft_ids) == 48
+    assert recipe["train"]["draft_vocab"] == 48
+    acc = recipe["topk_accuracy"]  # per head, top-1..8 held-out: what the drafter's shape reads
+    assert len(acc) == 2 and all(len(a) == 8 and a == sorted(a) for a in acc)
     # soft labels: the same answers, features scored again into their own folder
     code, out = invoke("train", "eagle3", "--model", model_dir, "--data", data, "--soft-labels",
                        3, "--out", tmp_path / "soft", *SMALL)

@@ -355,3 +355,38 @@ def test_a_store_with_soft_labels_holds_the_targets_top_k(tiny, tmp_path):
     assert plain.soft_ids is None
     with pytest.raises(ValueError, match="no soft labels"):
         Eagle3Objective(_head("eagle3", tiny, plain).module, tiny, plain, depth=1, soft=True)
+
+
+@pytest.mark.parametrize("vocab", [None, 40])
+def test_medusa_topk_accuracy_counts_labels_among_the_best_guesses(tiny, store, vocab):
+    """Per head and k, the share of trained rows whose label (argmax at t+1+head) is among the
+    head's k best guesses (over the draft vocabulary when there is one, a label outside it a
+    miss): checked against a direct count, non-decreasing in k."""
+    V = tiny.args.vocab_size
+    mx.random.seed(3)
+    c = HeadConfig.for_target(tiny, "medusa", num_heads=2, own_lm_head=False,
+                              draft_vocab_size=vocab or 0)
+    heads = MedusaHeads(c)
+    for head in heads.heads:
+        head.blocks[0].linear.weight = mx.random.normal(head.blocks[0].linear.weight.shape) * 0.3
+    ids = np.arange(V)
+    if vocab:
+        ids = np.arange(0, V, 2)[:vocab]
+        heads.set_draft_vocab(ids)
+    objective = MedusaObjective(heads, tiny, store)
+    held = trainer.windows(store, list(range(len(store))), objective, 64)
+    acc = np.array(objective.topk_accuracy(held, k=4))
+    assert acc.shape == (2, 4) and np.all(np.diff(acc, axis=1) >= 0) and acc[:, -1].max() > 0
+    hits, rows = np.zeros((2, 4)), np.zeros(2)
+    for w in held:
+        b = objective.batch([w])
+        T = b["hidden"].shape[1]
+        logits = np.array(heads(b["hidden"][0], objective.target_head))  # (2, T, |ids|)
+        labels, mask = np.array(b["argmax"][0]), np.array(b["mask"][0]) > 0
+        for h in range(2):
+            for t in range(T - 1 - h):
+                if mask[t]:
+                    best = ids[np.argsort(-logits[h, t], kind="stable")[:4]]
+                    hits[h] += np.cumsum(best == labels[t + 1 + h]) > 0
+                    rows[h] += 1
+    np.testing.assert_allclose(acc, np.round(hits / rows[:, None], 4), atol=1e-4)

@@ -13,6 +13,10 @@ The shape is chosen once per head from its measured per-head top-k accuracy, whe
 guesses): the shape in ``SHAPES`` with the most expected tokens per ms of verification on the
 cost curve; otherwise ``DEFAULT_SHAPE``.
 
+Heads with a draft vocabulary (``heads/medusa.py``) read only its rows of the shared LM head
+(one float copy, made here) and propose only its tokens; their confidences are probabilities
+over it.
+
 Proposals are deterministic (no ``q``): lossless under greedy and sampling through
 ``verify.accept``. The drafter needs the target's last hidden state: in prefill (the
 ``wants_hidden`` ability) and after each verification (the accepted path's last node).
@@ -28,7 +32,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..kernels.matmul import linear
+from ..heads.medusa import target_lm_head_weight
+from ..kernels.matmul import linear, small_matmul
 from ..targets.cost import CostCurve
 from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, subtree
@@ -99,6 +104,13 @@ class MedusaDrafter(Drafter):
         m = target.model  # the shared LM head: the tied embedding or the target's lm_head
         self.lm_head = None if heads.config.own_lm_head else (
             m.model.embed_tokens if m.args.tie_word_embeddings else m.lm_head)
+        # with a draft vocabulary: one float copy of those rows of the shared head
+        self.ids = heads.draft_ids
+        self.rows = None
+        if self.ids is not None:
+            self.rows = target_lm_head_weight(target)[mx.array(self.ids.astype(np.int32))]
+            self.rows = self.rows.astype(mx.float32)
+            mx.eval(self.rows)
         self.calibration = Calibration()
         self.draft_ms = 0.0
         self.reset()
@@ -139,6 +151,8 @@ class MedusaDrafter(Drafter):
         top_p = mx.exp(mx.take_along_axis(vals, order, axis=-1)
                        - mx.logsumexp(logits, axis=-1, keepdims=True))
         top, top_p = np.array(top), np.array(top_p)
+        if self.ids is not None:
+            top = self.ids[top]  # rows of the draft vocabulary -> target ids
         n = sum(1 for d in self.depth if d <= depth)  # nodes of the first ``depth`` levels
         tokens = [root] + [int(top[self.depth[u] - 1, self.rank[u]]) for u in range(1, n)]
         conf = np.array([1.0] + [top_p[self.depth[u] - 1, self.rank[u]] for u in range(1, n)])
@@ -157,7 +171,8 @@ class MedusaDrafter(Drafter):
         heads = self.heads.heads[:depth]
         if self.lm_head is None:
             return mx.concatenate([head(normed, None) for head in heads])
-        return linear(self.lm_head, mx.concatenate([_blocks(head, normed) for head in heads]))
+        x = mx.concatenate([_blocks(head, normed) for head in heads])
+        return linear(self.lm_head, x) if self.rows is None else small_matmul(x, self.rows)
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if tree is self._tree and tree.num_drafted:

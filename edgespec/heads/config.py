@@ -55,7 +55,9 @@ class HeadConfig:
     kind: str  # "eagle3" | "medusa"
     hidden_size: int  # the target's H
     vocab_size: int  # the target's V
-    draft_vocab_size: int = 0  # eagle3: rows of its LM head (== vocab_size when not reduced)
+    # eagle3: rows of its LM head (== vocab_size when not reduced); medusa sharing the target's
+    # LM head: how many of its rows the heads draft from (0: all)
+    draft_vocab_size: int = 0
     aux_layers: tuple[int, ...] = ()  # eagle3: layers whose INPUT hidden states are the features
     num_heads: int = 1  # medusa: K heads
     num_layers: int = 1  # medusa: residual blocks per head
@@ -79,6 +81,9 @@ class HeadConfig:
         object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         if self.kind == "eagle3" and self.draft_vocab_size <= 0:
             object.__setattr__(self, "draft_vocab_size", self.vocab_size)
+        if self.kind == "medusa" and self.own_lm_head and self.draft_vocab_size:
+            raise HeadError("Medusa heads with their own LM heads have no draft vocabulary "
+                            f"(draft_vocab_size {self.draft_vocab_size})")
         if self.draft_vocab_size > self.vocab_size:
             raise HeadError(f"draft_vocab_size {self.draft_vocab_size} exceeds the vocabulary "
                             f"size {self.vocab_size}")
@@ -94,7 +99,7 @@ class HeadConfig:
                       target_name=target.name)
         if kind == "medusa":
             return cls(**common, num_heads=num_heads, num_layers=num_layers,
-                       own_lm_head=own_lm_head)
+                       own_lm_head=own_lm_head, draft_vocab_size=draft_vocab_size or 0)
         return cls(
             **common, draft_vocab_size=draft_vocab_size or a.vocab_size,
             aux_layers=default_aux_layers(a.num_hidden_layers) if aux_layers is None else aux_layers,

@@ -3,7 +3,8 @@
 ``save_head(dir, config, module, recipe, layout=...)`` writes one of:
 
 - ``"edgespec"`` (default): ``config.json`` = ``{"edgespec": HeadConfig}``, ``head.safetensors``
-  (the module's parameter names; EAGLE-3 adds ``d2t``/``t2d``), optional ``recipe.json``;
+  (the module's parameter names; EAGLE-3 adds ``d2t``/``t2d``, Medusa heads with a draft
+  vocabulary ``draft_ids``), optional ``recipe.json``;
 - ``"eagle"``: EAGLE-3 as the EAGLE reference / SpecForge write it and vLLM / SGLang read it:
   ``model.safetensors`` with ``midlayer.*``, ``fc.weight``, ``norm.weight``, ``lm_head.weight``,
   ``d2t`` (int64 offsets: target = draft + d2t[draft]), ``t2d`` (bool over the target vocabulary);
@@ -13,7 +14,8 @@
   (``speculators_model_type``, ``transformer_layer_config``, ``eagle_aux_hidden_state_layer_ids``);
 - ``"medusa"``: ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.weight|bias`` and
   ``{h}.{L}.weight`` (head h's LM head after its L blocks), config ``medusa_num_heads``,
-  ``medusa_num_layers``.
+  ``medusa_num_layers``. That layout has no draft vocabulary: heads exported with one draft from
+  the whole vocabulary when read back (the LM head rows are the target's either way).
 
 Every written config.json also carries the ``edgespec`` section (other readers ignore it), so the
 target fingerprint survives an export. ``load_head(dir)`` reads all four (an optional ``model.``
@@ -61,6 +63,8 @@ def save_head(path, config: HeadConfig, module, recipe: dict | None = None,
         weights, file, cfg = params, _OURS, ours
         if config.kind == "eagle3":
             weights.update(_vocab_maps(module))
+        elif module.draft_ids is not None:
+            weights["draft_ids"] = mx.array(module.draft_ids.astype(np.int32))
     elif layout == "medusa":
         weights, file = _to_medusa(config, params, shared_head, dtype), _MEDUSA
         cfg = {"medusa_num_heads": config.num_heads, "medusa_num_layers": config.num_layers,
@@ -146,7 +150,7 @@ def load_head(path, target=None, dtype=mx.float32):
         config = HeadConfig.from_dict(_ours(cfg, path))
         weights = _read(path / _OURS)
         if config.kind == "medusa":
-            module = _build(MedusaHeads(config), weights, path)
+            module = _medusa_module(config, weights, path)
         else:
             module = _eagle_module(config, weights, path)
     elif (path / _MEDUSA).is_file():
@@ -192,6 +196,17 @@ def _build(module, weights: dict[str, mx.array], path: Path):
                             f"implies {tuple(v.shape)}")
     module.load_weights(list(weights.items()))
     return module
+
+
+def _medusa_module(config: HeadConfig, weights: dict[str, mx.array], path: Path) -> MedusaHeads:
+    ids = weights.pop("draft_ids", None)
+    heads = _build(MedusaHeads(config), weights, path)
+    if config.draft_vocab_size and ids is None:
+        raise HeadError(f"{path}: a draft vocabulary of {config.draft_vocab_size} but no "
+                        "draft_ids in its weights")
+    if ids is not None:
+        heads.set_draft_vocab(np.array(ids))
+    return heads
 
 
 def _eagle_module(config: HeadConfig, weights: dict[str, mx.array], path: Path) -> Eagle3Head:

@@ -5,6 +5,13 @@ Head i = ``num_layers`` residual blocks ``x + SiLU(linear(x))`` (H -> H, with bi
 zero-initialised, so a new head starts as the identity), then an LM head: its own Linear(H, V) (initialised from the
 target's) or the target's own head, frozen (``own_lm_head=False``: K x H x V fewer weights, one
 shared matrix). Labels: head i at position t learns the target's argmax at position t+1+i.
+
+**A draft vocabulary** (heads sharing the target's LM head only; ``set_draft_vocab``): the heads
+then propose only ``draft_ids`` (the most frequent target tokens of the training answers, like
+EAGLE-3's), reading those rows of the shared LM head: on the demo model 8,192 of 49,152 rows, so
+a draft step's LM head and top-k cost a sixth, and training's loss too (labels outside it are
+left out of the loss and count as misses). The rows are the target's own, so a head trained
+with the full vocabulary can draft with any subset and vice versa.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
+from ..errors import HeadError
 from ..kernels.activations import silu
 from .config import HeadConfig
 
@@ -47,6 +56,34 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.config = config
         self.heads = [MedusaHead(config) for _ in range(config.num_heads)]
+        self._ids: np.ndarray | None = None  # the draft vocabulary (underscored: not a parameter)
+        self._index: mx.array | None = None
+
+    # -- the draft vocabulary
+
+    def set_draft_vocab(self, target_ids) -> None:
+        """Draft only these target ids (distinct, ``config.draft_vocab_size`` of them); heads
+        with their own LM heads have none (their rows are trained, not the target's)."""
+        c = self.config
+        ids = np.asarray(target_ids, dtype=np.int64)
+        if c.own_lm_head:
+            raise HeadError("Medusa heads with their own LM heads draft the whole vocabulary")
+        if (ids.ndim != 1 or len(ids) != c.draft_vocab_size or len(np.unique(ids)) != len(ids)
+                or len(ids) == 0 or ids.min() < 0 or ids.max() >= c.vocab_size):
+            raise HeadError(f"a Medusa draft vocabulary needs {c.draft_vocab_size} distinct "
+                            f"target ids in [0, {c.vocab_size}), got {len(ids)}")
+        index = np.full(c.vocab_size, -1, dtype=np.int32)
+        index[ids] = np.arange(len(ids))
+        self._ids, self._index = ids, mx.array(index)
+
+    @property
+    def draft_ids(self) -> np.ndarray | None:
+        """The target ids the heads propose (sorted as given), or None: the whole vocabulary."""
+        return self._ids
+
+    def to_draft_ids(self, target_ids: mx.array) -> mx.array:
+        """Rows of the draft vocabulary for target ids, -1 for ids outside it."""
+        return self._index[target_ids]
 
     def __call__(self, normed_hidden: mx.array, target_head: Callable | None = None) -> mx.array:
         """(N, H) normed last hidden states -> (K, N, V) logits. ``target_head``: the target's
@@ -72,9 +109,15 @@ def target_lm_head_weight(target) -> mx.array:
     return layer.weight
 
 
-def target_lm_head(target) -> Callable[[mx.array], mx.array]:
-    """x (..., H) -> the target's logits (..., V) without its final norm (x is already normed)."""
+def target_lm_head(target, ids: np.ndarray | None = None) -> Callable[[mx.array], mx.array]:
+    """x (..., H) -> the target's logits (..., V) without its final norm (x is already normed);
+    with ``ids``, only those rows' logits (..., len(ids)), from one float copy of the rows."""
     m = target.model
+    if ids is not None:
+        rows = target_lm_head_weight(target)[mx.array(np.asarray(ids, dtype=np.int32))]
+        rows = rows.astype(mx.float32)
+        mx.eval(rows)
+        return lambda x: x @ rows.T
     if m.args.tie_word_embeddings:
         return m.model.embed_tokens.as_linear
     return m.lm_head
@@ -87,11 +130,15 @@ def medusa_loss(heads: MedusaHeads, batch: dict, target_head: Callable | None = 
 
     ``batch``: ``hidden`` (B, T, H) the target's normed last hidden states, ``argmax`` (B, T)
     the target's argmax at each position, ``mask`` (B, T) (positions whose predictions train:
-    head i's row t counts when t+1+i < T).
+    head i's row t counts when t+1+i < T). With a draft vocabulary, ``target_head`` gives the
+    logits of its rows (``target_lm_head(target, heads.draft_ids)``); a label outside it is left
+    out of the loss and counts as a miss.
     """
     hidden, argmax = batch["hidden"], batch["argmax"]
     B, T, H = hidden.shape
-    logits = heads(hidden.reshape(B * T, H), target_head).reshape(-1, B, T, heads.config.vocab_size)
+    logits = heads(hidden.reshape(B * T, H), target_head)
+    logits = logits.reshape(logits.shape[0], B, T, logits.shape[-1])
+    draft = heads.draft_ids is not None
     rows = batch["mask"].astype(mx.float32)
     loss, top1 = mx.array(0.0), []
     for i in range(logits.shape[0]):
@@ -101,8 +148,15 @@ def medusa_loss(heads: MedusaHeads, batch: dict, target_head: Callable | None = 
             continue
         lg, labels = logits[i][:, : T - shift], argmax[:, shift:]
         valid = rows[:, : T - shift]
-        ce = nn.losses.cross_entropy(lg, labels, reduction="none")
+        trains, want = valid, labels
+        if draft:
+            want = heads.to_draft_ids(labels)
+            trains = valid * (want >= 0)
+            want = mx.maximum(want, 0)
+        ce = nn.losses.cross_entropy(lg, want, reduction="none")
         n = mx.maximum(valid.sum(), 1.0)
-        loss = loss + decay**i * (ce * valid).sum() / n
-        top1.append(((mx.stop_gradient(lg).argmax(axis=-1) == labels) * valid).sum() / n)
+        loss = loss + decay**i * (ce * trains).sum() / mx.maximum(trains.sum(), 1.0)
+        guess = mx.stop_gradient(lg).argmax(axis=-1)
+        hit = (guess == want) * (trains > 0) if draft else guess == labels
+        top1.append((hit * valid).sum() / n)
     return loss, top1

@@ -87,7 +87,8 @@ class MedusaObjective:
         self.module, self.store = heads, store
         self.K = heads.config.num_heads
         self.norm = target.model.model.norm
-        self.target_head = None if heads.config.own_lm_head else target_lm_head(target)
+        self.target_head = (None if heads.config.own_lm_head
+                            else target_lm_head(target, heads.draft_ids))
         self.names = [f"h{i}" for i in range(self.K)]
 
     def rows(self, mask: np.ndarray) -> tuple[int, int]:
@@ -116,3 +117,33 @@ class MedusaObjective:
 
     def loss(self, module, batch):
         return medusa_loss(module, batch, self.target_head)
+
+    def topk_accuracy(self, windows: list[tuple[int, int, int]], k: int = 8,
+                      batch_size: int = 2) -> list[list[float]]:
+        """Per head, the share of the windows' trained rows whose label is among the head's
+        ``k`` best guesses, for 1..k guesses (the Medusa drafter chooses its tree's shape from
+        it). With a draft vocabulary, a label outside it is a miss at every k."""
+        K, draft = self.K, self.module.draft_ids is not None
+        k = min(k, self.module.config.draft_vocab_size or self.module.config.vocab_size)
+        hits, rows = np.zeros((K, k)), np.zeros(K)
+        for i in range(0, len(windows), batch_size):
+            batch = self.batch(windows[i : i + batch_size])
+            hidden, argmax = batch["hidden"], batch["argmax"]
+            B, T, H = hidden.shape
+            logits = self.module(hidden.reshape(B * T, H), self.target_head)
+            logits = logits.reshape(K, B, T, logits.shape[-1])
+            mask = np.array(batch["mask"]) > 0
+            for h in range(K):
+                s = 1 + h
+                if s >= T:
+                    continue
+                lg, labels = logits[h][:, : T - s], argmax[:, s:]
+                want = np.array(self.module.to_draft_ids(labels) if draft else labels)
+                top = mx.argpartition(-lg, k - 1, axis=-1)[..., :k]
+                order = mx.argsort(-mx.take_along_axis(lg, top, axis=-1), axis=-1)
+                top = np.array(mx.take_along_axis(top, order, axis=-1))  # best first
+                found = np.cumsum(top == want[..., None], axis=-1) > 0  # within the first j+1
+                valid = mask[:, : T - s]
+                hits[h] += found[valid].sum(axis=0)
+                rows[h] += valid.sum()
+        return np.round(hits / np.maximum(rows, 1)[:, None], 4).tolist()

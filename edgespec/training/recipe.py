@@ -124,6 +124,8 @@ def run(s: TrainSettings, log: Callable[[str], None] = print) -> dict:
     config, module, report["train"] = clock.timed("train", lambda: phase_train(
         s, target, store, folder, deadline))
     report["status"] = "stopped by the time budget" if report["train"]["stopped_by_budget"] else "done"
+    if "topk_accuracy" in report["train"]:  # per head, top-1..8 on the held-out split
+        report["topk_accuracy"] = report["train"]["topk_accuracy"]
     report["data"] = {"sequences": len(store), "tokens": store.tokens,
                       "answer_tokens": int(store.mask.sum())}
     clock.timed("save", lambda: save_head(s.out, config, module, recipe=report))
@@ -219,20 +221,25 @@ def build_head(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
     mx.random.seed(s.seed)
     if s.init_from is not None:
         return warm_start(s, target, store, train_seqs, held_seqs)
-    if s.kind == "medusa":
-        config = HeadConfig.for_target(target, "medusa", num_heads=s.medusa_heads,
-                                       num_layers=s.medusa_layers, own_lm_head=s.own_lm_head)
-        heads = MedusaHeads(config)
-        heads.init_from_target(target)
-        return config, heads, {}
     ids, coverage = draft_vocabulary(store, train_seqs, held_seqs, s.draft_vocab,
                                      target.args.vocab_size)
+    vocab = {"draft_vocab": len(ids), "held_out_label_coverage": coverage}
+    if s.kind == "medusa":
+        reduced = not s.own_lm_head and len(ids) < target.args.vocab_size
+        config = HeadConfig.for_target(target, "medusa", num_heads=s.medusa_heads,
+                                       num_layers=s.medusa_layers, own_lm_head=s.own_lm_head,
+                                       draft_vocab_size=len(ids) if reduced else 0)
+        heads = MedusaHeads(config)
+        heads.init_from_target(target)
+        if reduced:
+            heads.set_draft_vocab(ids)
+        return config, heads, vocab if reduced else {}
     config = HeadConfig.for_target(target, "eagle3", draft_vocab_size=len(ids),
                                    aux_layers=tuple(store.meta["aux_layers"]))
     head = Eagle3Head(config)
     head.set_draft_vocab(ids)
     head.lm_head.weight = target_lm_head_weight(target)[mx.array(ids)].astype(mx.float32)
-    return config, head, {"draft_vocab": len(ids), "held_out_label_coverage": coverage}
+    return config, head, vocab
 
 
 def warm_start(s: TrainSettings, target, store: FeatureStore, train_seqs, held_seqs):
@@ -243,7 +250,12 @@ def warm_start(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
         raise ConfigError(f"init_from {s.init_from!r} holds a head of kind {config.kind}; "
                           f"training {s.kind} starts only from a head of kind {s.kind}")
     if s.kind == "medusa":
-        return config, module, {}
+        if module.draft_ids is None:
+            return config, module, {}
+        ids = module.draft_ids
+        coverage = vocab_coverage(store, held_seqs, ids, target.args.vocab_size)
+        return config, module, {"draft_vocab": len(ids), "held_out_label_coverage": coverage,
+                                "init_from": s.init_from}
     ids = np.array(module.to_target_ids(np.arange(config.draft_vocab_size)))
     coverage = vocab_coverage(store, held_seqs, ids, target.args.vocab_size)
     return config, module, {"draft_vocab": len(ids), "held_out_label_coverage": coverage,
@@ -267,6 +279,9 @@ def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, dea
                            train_seqs=train_seqs, held_seqs=held_seqs, deadline=deadline,
                            resume=s.resume)
     result.update(vocab, train_sequences=len(train_seqs), held_sequences=len(held_seqs))
+    if s.kind == "medusa":  # what the drafter chooses its tree's shape from
+        held = trainer.windows(store, held_seqs, objective, s.window)
+        result["topk_accuracy"] = objective.topk_accuracy(held)
     return config, module, result
 
 

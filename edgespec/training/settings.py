@@ -64,7 +64,9 @@ class TrainSettings:
     batch_size: int = field(default=8, metadata=_help("windows (sequences) per training step"))
     window: int = field(default=512, metadata=_help("rows per training window; longer sequences are split"))
     draft_vocab: int = field(default=8192, metadata=_help(
-        "eagle3: size of the draft vocabulary (the most frequent target tokens in the training answers)"))
+        "size of the draft vocabulary (the most frequent target tokens in the training answers): "
+        "eagle3's LM head, or the rows of the target's LM head that medusa heads sharing it draft "
+        "from"))
     soft_labels: int = field(default=0, metadata=_help(
         "eagle3: train on the model's K most probable next tokens and their probabilities at "
         "each position (stored with the features, in their own folder) instead of its argmax "
