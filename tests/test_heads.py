@@ -213,6 +213,8 @@ def test_medusa_loss_over_a_draft_vocabulary(deep):
     assert 0 < len(inside) < 15
     np.testing.assert_allclose(float(loss), want, rtol=1e-4)
     np.testing.assert_allclose(float(top1), hits / 15, rtol=1e-6)
+    with pytest.raises(ValueError, match=f"draft vocabulary of {len(ids)}"):
+        medusa_loss(heads, batch, target_lm_head(deep))  # the whole head's logits
     with pytest.raises(HeadError, match="own LM heads"):
         HeadConfig.for_target(deep, "medusa", own_lm_head=True, draft_vocab_size=8)
     with pytest.raises(HeadError, match="distinct target ids"):

@@ -167,7 +167,7 @@ def _vocab_heads(target, ids) -> MedusaHeads:
 
 def test_a_draft_vocabulary_reads_its_rows_of_the_shared_head_and_stays_lossless(target):
     """The drafter's logits are the full-vocabulary logits' columns of ``draft_ids``; every
-    drafted token is one of them; greedy output is plain decoding's."""
+    proposed token is one of them; greedy output is plain decoding's."""
     V = target.args.vocab_size
     ids = np.arange(3, V, 3)
     heads = _vocab_heads(target, ids)
@@ -175,10 +175,12 @@ def test_a_draft_vocabulary_reads_its_rows_of_the_shared_head_and_stays_lossless
     x = mx.random.normal((1, target.args.hidden_size))
     full = heads(x, target_lm_head(target))[:2, 0]
     np.testing.assert_allclose(np.array(drafter._logits(x, 2)), np.array(full)[:, ids], atol=1e-4)
+    out = target.score([5, 9, 11], target.make_cache())
+    drafter.prefill([5, 9, 11], out)
+    tree = drafter.propose(8)
+    assert tree.num_drafted == 4 and set(tree.tokens[1:]) <= set(ids.tolist())
     for prompt in PROMPTS:
         plain = Engine(target).generate(prompt, max_tokens=16)
         res = Engine(target, MedusaDrafter(target, heads, None, nodes=4)).generate(
             prompt, max_tokens=16)
         assert res.token_ids == plain.token_ids and res.stats.proposed > 0
-        drafted = [t for s in res.steps for t in s.token_ids[: s.accepted]]
-        assert set(drafted) <= set(ids.tolist())

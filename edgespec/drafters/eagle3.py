@@ -71,6 +71,7 @@ class Eagle3Drafter(Drafter):
         self.depth_ms = self.update_ms = 0.0  # measured head costs (moving averages)
         self.child_edges: np.ndarray | None = None  # calibrated edges of a forward's children
         self.held_back = 0  # steps in a row that ``_deeper_pays`` kept at depth 1
+        self._exploring = False  # this step's forward was forced to re-measure
         self.reset()
 
     def reset(self) -> None:
@@ -162,14 +163,13 @@ class Eagle3Drafter(Drafter):
         self._flush()
         if self.last is None:
             return DraftTree.chain(root, [])
-        t0 = time.perf_counter()
         n_true = self.cache.offset
         position = self.base + n_true  # the depth-1 nodes' pair position
         tokens, parents, conf, logp, depth = [root], [-1], [1.0], [0.0], [0]
         out_of = {0: self.last[0]}  # node -> its forward's output hidden row (1, H)
         fed: list[int] = []  # nodes whose entries sit in the cache after the true pairs
         self._expand([0], self.last[1], tokens, parents, conf, logp, depth)
-        forwards = 0
+        forwards, spent, self._exploring = 0, 0.0, False
         for d in range(1, min(budget, self.max_depth)):
             level = [u for u in range(len(tokens)) if depth[u] == d]
             keep, _ = self._cut(parents, conf, forwards)
@@ -178,6 +178,7 @@ class Eagle3Drafter(Drafter):
             frontier = sorted(level, key=lambda u: -logp[u])[: self.top_k]
             if self.nodes is None and not self._deeper_pays(parents, conf, frontier, forwards):
                 break
+            t1 = time.perf_counter()  # what one more depth costs: from here to its children
             anc = np.array([[self._is_ancestor(parents, v, u) for v in fed] for u in frontier],
                            dtype=bool).reshape(len(frontier), len(fed))
             mask = np.concatenate([np.ones((len(frontier), n_true), bool), anc,
@@ -193,14 +194,17 @@ class Eagle3Drafter(Drafter):
             first_child = len(tokens)
             self._expand(frontier, logits, tokens, parents, conf, logp, depth)
             self._learn_child_edges(np.array(conf[first_child:]).reshape(len(frontier), -1))
+            spent += time.perf_counter() - t1
         self.cache.trim(len(fed))
         keep, _ = self._cut(parents, conf, forwards)
         tree = subtree(tokens, parents, keep)
         self._tree = tree
         self._confidence = np.array([1.0] + [conf[u] for u in sorted(keep)])
-        if forwards:
-            ms = (time.perf_counter() - t0) * 1e3 / forwards
-            self.depth_ms = ms if not self.depth_ms else _EMA * self.depth_ms + (1 - _EMA) * ms
+        if forwards:  # a re-measuring step replaces the estimate (it may have been an outlier)
+            ms = spent * 1e3 / forwards
+            self.depth_ms = (ms if not self.depth_ms or self._exploring
+                             else _EMA * self.depth_ms + (1 - _EMA) * ms)
+            self.held_back = 0
         return tree
 
     def _expand(self, nodes: list[int], logits: mx.array, tokens, parents, conf, logp,
@@ -245,6 +249,7 @@ class Eagle3Drafter(Drafter):
         expands, which is how the estimate is learnt; and after ``_EXPLORE`` steps in a row kept
         at depth 1 it expands once, so that one slow measurement cannot stop all expansion."""
         if self.child_edges is None or not self.depth_ms or self.held_back >= _EXPLORE:
+            self._exploring = self.held_back >= _EXPLORE
             self.held_back = 0
             return True
         probs = path_probs(parents, self.calibration(np.array(conf)))[1:]

@@ -165,7 +165,8 @@ class MedusaDrafter(Drafter):
         return tree
 
     def _logits(self, normed: mx.array, depth: int) -> mx.array:
-        """The first ``depth`` heads' logits (depth, V): only the heads the tree reaches, and
+        """The first ``depth`` heads' logits (depth, V; (depth, Vd) over a draft vocabulary):
+        only the heads the tree reaches, and
         with the target's shared LM head one (depth, H) x (H, V) product rather than ``depth``
         matrix-vector ones (the LM head is most of a small model's head cost)."""
         heads = self.heads.heads[:depth]

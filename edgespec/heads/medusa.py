@@ -86,8 +86,9 @@ class MedusaHeads(nn.Module):
         return self._index[target_ids]
 
     def __call__(self, normed_hidden: mx.array, target_head: Callable | None = None) -> mx.array:
-        """(N, H) normed last hidden states -> (K, N, V) logits. ``target_head``: the target's
-        LM head without its final norm (``target_lm_head``), needed when the heads share it."""
+        """(N, H) normed last hidden states -> (K, N, V) logits (V: the columns ``target_head``
+        gives). ``target_head``: the target's LM head without its final norm
+        (``target_lm_head``), needed when the heads share it."""
         if not self.config.own_lm_head and target_head is None:
             raise ValueError("these Medusa heads use the target's LM head: pass target_head")
         return mx.stack([head(normed_hidden, target_head) for head in self.heads])
@@ -139,6 +140,9 @@ def medusa_loss(heads: MedusaHeads, batch: dict, target_head: Callable | None = 
     logits = heads(hidden.reshape(B * T, H), target_head)
     logits = logits.reshape(logits.shape[0], B, T, logits.shape[-1])
     draft = heads.draft_ids is not None
+    if draft and logits.shape[-1] != len(heads.draft_ids):
+        raise ValueError(f"heads with a draft vocabulary of {len(heads.draft_ids)} need "
+                         f"target_lm_head(target, heads.draft_ids); got {logits.shape[-1]} logits")
     rows = batch["mask"].astype(mx.float32)
     loss, top1 = mx.array(0.0), []
     for i in range(logits.shape[0]):

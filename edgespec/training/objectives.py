@@ -119,10 +119,11 @@ class MedusaObjective:
         return medusa_loss(module, batch, self.target_head)
 
     def topk_accuracy(self, windows: list[tuple[int, int, int]], k: int = 8,
-                      batch_size: int = 2) -> list[list[float]]:
+                      batch_size: int = 2) -> list[list[float]] | None:
         """Per head, the share of the windows' trained rows whose label is among the head's
         ``k`` best guesses, for 1..k guesses (the Medusa drafter chooses its tree's shape from
-        it). With a draft vocabulary, a label outside it is a miss at every k."""
+        it); None when a head has no trained row there. With a draft vocabulary, a label
+        outside it is a miss at every k."""
         K, draft = self.K, self.module.draft_ids is not None
         k = min(k, self.module.config.draft_vocab_size or self.module.config.vocab_size)
         hits, rows = np.zeros((K, k)), np.zeros(K)
@@ -146,4 +147,6 @@ class MedusaObjective:
                 valid = mask[:, : T - s]
                 hits[h] += found[valid].sum(axis=0)
                 rows[h] += valid.sum()
-        return np.round(hits / np.maximum(rows, 1)[:, None], 4).tolist()
+        if not rows.all():
+            return None
+        return np.round(hits / rows[:, None], 4).tolist()

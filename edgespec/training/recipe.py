@@ -274,14 +274,18 @@ def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, dea
                         warmup=round(s.warmup * steps), weight_decay=s.weight_decay, clip=s.clip,
                         seed=s.seed, eval_every=s.eval_every, checkpoint_every=s.checkpoint_every)
     soft = {"soft_labels": s.soft_labels} if s.soft_labels else {}  # older folders keep their key
-    key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s), **soft})
+    # Medusa heads with a draft vocabulary train another loss than the full-vocabulary ones of
+    # older folders with the same settings: their own folder
+    vocab_loss = {"medusa_draft_vocab": True} if getattr(module, "draft_ids", None) is not None else {}
+    key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s), **soft, **vocab_loss})
     result = trainer.train(objective, store, plan, folder / f"train-{s.kind}-{key}",
                            train_seqs=train_seqs, held_seqs=held_seqs, deadline=deadline,
                            resume=s.resume)
     result.update(vocab, train_sequences=len(train_seqs), held_sequences=len(held_seqs))
     if s.kind == "medusa":  # what the drafter chooses its tree's shape from
-        held = trainer.windows(store, held_seqs, objective, s.window)
-        result["topk_accuracy"] = objective.topk_accuracy(held)
+        acc = objective.topk_accuracy(trainer.windows(store, held_seqs, objective, s.window))
+        if acc is not None:
+            result["topk_accuracy"] = acc
     return config, module, result
 
 

@@ -1,4 +1,5 @@
-"""EAGLE-3's draft vocabulary: the target tokens its LM head can propose.
+"""A head's draft vocabulary: the target tokens it can propose (EAGLE-3's LM head rows; the rows
+of the target's LM head that Medusa heads sharing it read).
 
 Contract: ``draft_vocabulary(store, train_seqs, held_seqs, size, vocab_size)`` returns the
 ``min(size, vocab_size)`` most frequent labels (the target's argmax at trained positions) of the
