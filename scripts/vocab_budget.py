@@ -42,7 +42,7 @@ from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.engine import Engine
 from edgespec.heads.eagle3 import Eagle3Head
 from edgespec.heads.formats import load_head
-from edgespec.heads.medusa import target_lm_head_weight
+from edgespec.heads.medusa import target_lm_head_rows
 from edgespec.loading.hub import resolve_model
 from edgespec.targets import load_target
 from edgespec.targets.cost import verify_cost_curve
@@ -61,7 +61,7 @@ def resized(head: Eagle3Head, target, store: FeatureStore, recipe: dict, size: i
     out = Eagle3Head(dataclasses.replace(head.config, draft_vocab_size=len(ids)))
     out.load_weights([(k, v) for k, v in tree_flatten(head.parameters())
                       if not k.startswith("lm_head")], strict=False)
-    rows = target_lm_head_weight(target)[mx.array(ids)].astype(mx.float32)
+    rows = target_lm_head_rows(target, ids)
     mine = np.array(head.to_draft_ids(mx.array(ids)))  # -1 where the trained head lacks the id
     have = np.nonzero(mine >= 0)[0]
     rows[mx.array(have)] = head.lm_head.weight[mx.array(mine[have])]

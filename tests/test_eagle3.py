@@ -104,19 +104,23 @@ def test_a_depth_is_grown_only_when_its_forward_pays(target):
     on the same curve; greedy output stays plain decoding's whichever way it goes."""
     drafter = Eagle3Drafter(target, random_head(target), FLAT, top_k=2)
     parents, conf = [-1, 0, 0], [1.0, 0.9, 0.05]  # two depth-1 children of the root
-    assert drafter._deeper_pays(parents, conf, [1], 0)  # nothing measured yet: it expands
+
+    def pays():  # as ``propose`` asks: against the rate of its cut without the next depth
+        return drafter._deeper_pays(parents, conf, [1], 0, drafter._cut(parents, conf, 0)[1].rate)
+
+    assert pays()  # nothing measured yet: it expands
     drafter.depth_ms, drafter.update_ms = 1.0, 1.0
     drafter.child_edges = np.array([0.9, 0.05])  # children have been likely: worth 1 ms
-    assert drafter._deeper_pays(parents, conf, [1], 0)
+    assert pays()
     drafter.depth_ms = 50.0  # a forward costing 5 verifications is not
-    assert not drafter._deeper_pays(parents, conf, [1], 0)
+    assert not pays()
     drafter.depth_ms, drafter.child_edges = 1.0, np.array([0.001, 0.001])  # nor unlikely children
-    assert not drafter._deeper_pays(parents, conf, [1], 0)
+    assert not pays()
     drafter.held_back = 0
     for _ in range(16):  # held back at depth 1 step after step ...
-        assert not drafter._deeper_pays(parents, conf, [1], 0)
-    assert drafter._deeper_pays(parents, conf, [1], 0)  # ... until one forward re-measures
-    assert not drafter._deeper_pays(parents, conf, [1], 0)
+        assert not pays()
+    assert pays()  # ... until one forward re-measures
+    assert not pays()
     drafter.child_edges = None
     drafter._learn_child_edges(np.array([[0.2, 0.9], [0.5, 0.1]]))  # rows: parents
     edges = drafter.calibration(np.array([[0.9, 0.2], [0.5, 0.1]])).mean(axis=0)

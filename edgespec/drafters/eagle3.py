@@ -172,11 +172,12 @@ class Eagle3Drafter(Drafter):
         forwards, spent, self._exploring = 0, 0.0, False
         for d in range(1, min(budget, self.max_depth)):
             level = [u for u in range(len(tokens)) if depth[u] == d]
-            keep, _ = self._cut(parents, conf, forwards)
+            keep, budget = self._cut(parents, conf, forwards)
             if not any(depth[u] == d for u in keep):
                 break  # the newest depth did not make the cut: deeper nodes would not either
             frontier = sorted(level, key=lambda u: -logp[u])[: self.top_k]
-            if self.nodes is None and not self._deeper_pays(parents, conf, frontier, forwards):
+            if budget is not None and not self._deeper_pays(parents, conf, frontier, forwards,
+                                                            budget.rate):
                 break
             t1 = time.perf_counter()  # what one more depth costs: from here to its children
             anc = np.array([[self._is_ancestor(parents, v, u) for v in fed] for u in frontier],
@@ -241,11 +242,12 @@ class Eagle3Drafter(Drafter):
         return choose(parents, np.array(conf), self.calibration, self.curve,
                       self._draft_ms(forwards), self.nodes, self.max_nodes)
 
-    def _deeper_pays(self, parents, conf, frontier: list[int], forwards: int) -> bool:
+    def _deeper_pays(self, parents, conf, frontier: list[int], forwards: int,
+                     rate_now: float) -> bool:
         """Whether one more head forward (the ``frontier``'s children) is expected to raise the
         step's committed tokens per ms: the best budget over the nodes so far plus the
-        estimated children, paying ``forwards + 1`` forwards, against the best budget over the
-        nodes so far, paying ``forwards``. Without an estimate yet (no forward measured) it
+        estimated children, paying ``forwards + 1`` forwards, against ``rate_now`` (``_cut``'s
+        best budget over the nodes so far, paying ``forwards``). Without an estimate yet (no forward measured) it
         expands, which is how the estimate is learnt; and after ``_EXPLORE`` steps in a row kept
         at depth 1 it expands once, so that one slow measurement cannot stop all expansion."""
         if self.child_edges is None or not self.depth_ms or self.held_back >= _EXPLORE:
@@ -254,11 +256,9 @@ class Eagle3Drafter(Drafter):
             return True
         probs = path_probs(parents, self.calibration(np.array(conf)))[1:]
         children = np.outer(probs[np.array(frontier) - 1], self.child_edges).ravel()
-        limit = self.max_nodes
-        now = best_budget(np.sort(probs)[::-1], self.curve, self._draft_ms(forwards), limit)
         more = best_budget(np.sort(np.concatenate([probs, children]))[::-1], self.curve,
-                           self._draft_ms(forwards + 1), limit)
-        if more.rate > now.rate:
+                           self._draft_ms(forwards + 1), self.max_nodes)
+        if more.rate > rate_now:
             return True
         self.held_back += forwards == 0
         return False

@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
-from ..heads.medusa import target_lm_head_weight
+from ..heads.medusa import target_lm_head_rows
 from ..kernels.matmul import linear, small_matmul
 from ..targets.cost import CostCurve
 from ..targets.target import Target, TargetOutput
@@ -106,11 +106,7 @@ class MedusaDrafter(Drafter):
             m.model.embed_tokens if m.args.tie_word_embeddings else m.lm_head)
         # with a draft vocabulary: one float copy of those rows of the shared head
         self.ids = heads.draft_ids
-        self.rows = None
-        if self.ids is not None:
-            self.rows = target_lm_head_weight(target)[mx.array(self.ids.astype(np.int32))]
-            self.rows = self.rows.astype(mx.float32)
-            mx.eval(self.rows)
+        self.rows = None if self.ids is None else target_lm_head_rows(target, self.ids)
         self.calibration = Calibration()
         self.draft_ms = 0.0
         self.reset()

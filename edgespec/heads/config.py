@@ -42,6 +42,19 @@ def fingerprint(target) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def vocab_index(target_ids, size: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A draft vocabulary's ids (int64, as given) and its index over the target vocabulary
+    (int32 (vocab_size,): the draft row of each target id, -1 outside); ValueError unless the
+    ids are ``size`` distinct target ids (EAGLE-3's LM head rows, Medusa's shared-head rows)."""
+    ids = np.asarray(target_ids, dtype=np.int64)
+    if ids.shape != (size,) or size == 0 or len(np.unique(ids)) != size or (
+            ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"needs {size} distinct target ids in [0, {vocab_size})")
+    index = np.full(vocab_size, -1, dtype=np.int32)
+    index[ids] = np.arange(size)
+    return ids, index
+
+
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's feature layers: the hidden states entering layers 2, L//2 and L-3 (clamped
     into 0..L for very shallow models, where they may repeat)."""

@@ -38,7 +38,7 @@ from ..kernels.attention import attend, prepare
 from ..kernels.matmul import linear
 from ..kernels.rope_norm import inverse_frequencies, qkv_rope, rms_norm
 from ..targets.parts import Attention, GatedMLP, Rope
-from .config import HeadConfig
+from .config import HeadConfig, vocab_index
 
 
 class Eagle3Layer(nn.Module):
@@ -110,13 +110,8 @@ class Eagle3Head(nn.Module):
 
     def set_draft_vocab(self, target_ids) -> None:
         """Draft id i stands for target id ``target_ids[i]`` (Vd distinct ids)."""
-        ids = np.asarray(target_ids, dtype=np.int64)
         c = self.config
-        if ids.shape != (c.draft_vocab_size,) or len(np.unique(ids)) != len(ids) or (
-                ids.min() < 0 or ids.max() >= c.vocab_size):
-            raise ValueError(f"need {c.draft_vocab_size} distinct target ids in [0, {c.vocab_size})")
-        index = np.full(c.vocab_size, -1, dtype=np.int32)
-        index[ids] = np.arange(len(ids))
+        ids, index = vocab_index(target_ids, c.draft_vocab_size, c.vocab_size)
         self._ids = mx.array(ids.astype(np.int32))
         self._index = mx.array(index)
 

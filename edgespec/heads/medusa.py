@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import HeadError
 from ..kernels.activations import silu
-from .config import HeadConfig
+from .config import HeadConfig, vocab_index
 
 
 class ResBlock(nn.Module):
@@ -65,15 +65,12 @@ class MedusaHeads(nn.Module):
         """Draft only these target ids (distinct, ``config.draft_vocab_size`` of them); heads
         with their own LM heads have none (their rows are trained, not the target's)."""
         c = self.config
-        ids = np.asarray(target_ids, dtype=np.int64)
         if c.own_lm_head:
             raise HeadError("Medusa heads with their own LM heads draft the whole vocabulary")
-        if (ids.ndim != 1 or len(ids) != c.draft_vocab_size or len(np.unique(ids)) != len(ids)
-                or len(ids) == 0 or ids.min() < 0 or ids.max() >= c.vocab_size):
-            raise HeadError(f"a Medusa draft vocabulary needs {c.draft_vocab_size} distinct "
-                            f"target ids in [0, {c.vocab_size}), got {len(ids)}")
-        index = np.full(c.vocab_size, -1, dtype=np.int32)
-        index[ids] = np.arange(len(ids))
+        try:
+            ids, index = vocab_index(target_ids, c.draft_vocab_size, c.vocab_size)
+        except ValueError as e:
+            raise HeadError(f"a Medusa draft vocabulary {e}, got {np.size(target_ids)}") from None
         self._ids, self._index = ids, mx.array(index)
 
     @property
@@ -110,14 +107,20 @@ def target_lm_head_weight(target) -> mx.array:
     return layer.weight
 
 
+def target_lm_head_rows(target, ids) -> mx.array:
+    """One float32 copy of the rows ``ids`` of the target's LM head (len(ids), H), evaluated."""
+    rows = target_lm_head_weight(target)[mx.array(np.asarray(ids, dtype=np.int32))]
+    rows = rows.astype(mx.float32)
+    mx.eval(rows)
+    return rows
+
+
 def target_lm_head(target, ids: np.ndarray | None = None) -> Callable[[mx.array], mx.array]:
     """x (..., H) -> the target's logits (..., V) without its final norm (x is already normed);
     with ``ids``, only those rows' logits (..., len(ids)), from one float copy of the rows."""
     m = target.model
     if ids is not None:
-        rows = target_lm_head_weight(target)[mx.array(np.asarray(ids, dtype=np.int32))]
-        rows = rows.astype(mx.float32)
-        mx.eval(rows)
+        rows = target_lm_head_rows(target, ids)
         return lambda x: x @ rows.T
     if m.args.tie_word_embeddings:
         return m.model.embed_tokens.as_linear

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..heads.config import HeadConfig, fingerprint
 from ..heads.eagle3 import Eagle3Head
 from ..heads.formats import load_head, save_head
-from ..heads.medusa import MedusaHeads, target_lm_head_weight
+from ..heads.medusa import MedusaHeads, target_lm_head_rows
 from ..loading.hub import cache_dir, resolve_model
 from ..targets import load_target
 from . import trainer
@@ -238,7 +238,7 @@ def build_head(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
                                    aux_layers=tuple(store.meta["aux_layers"]))
     head = Eagle3Head(config)
     head.set_draft_vocab(ids)
-    head.lm_head.weight = target_lm_head_weight(target)[mx.array(ids)].astype(mx.float32)
+    head.lm_head.weight = target_lm_head_rows(target, ids)
     return config, head, vocab
 
 
@@ -250,13 +250,11 @@ def warm_start(s: TrainSettings, target, store: FeatureStore, train_seqs, held_s
         raise ConfigError(f"init_from {s.init_from!r} holds a head of kind {config.kind}; "
                           f"training {s.kind} starts only from a head of kind {s.kind}")
     if s.kind == "medusa":
-        if module.draft_ids is None:
-            return config, module, {}
         ids = module.draft_ids
-        coverage = vocab_coverage(store, held_seqs, ids, target.args.vocab_size)
-        return config, module, {"draft_vocab": len(ids), "held_out_label_coverage": coverage,
-                                "init_from": s.init_from}
-    ids = np.array(module.to_target_ids(np.arange(config.draft_vocab_size)))
+        if ids is None:  # the whole vocabulary
+            return config, module, {}
+    else:
+        ids = np.array(module.to_target_ids(np.arange(config.draft_vocab_size)))
     coverage = vocab_coverage(store, held_seqs, ids, target.args.vocab_size)
     return config, module, {"draft_vocab": len(ids), "held_out_label_coverage": coverage,
                             "init_from": s.init_from}
@@ -276,7 +274,8 @@ def phase_train(s: TrainSettings, target, store: FeatureStore, folder: Path, dea
     soft = {"soft_labels": s.soft_labels} if s.soft_labels else {}  # older folders keep their key
     # Medusa heads with a draft vocabulary train another loss than the full-vocabulary ones of
     # older folders with the same settings: their own folder
-    vocab_loss = {"medusa_draft_vocab": True} if getattr(module, "draft_ids", None) is not None else {}
+    vocab_loss = ({"medusa_draft_vocab": True}
+                  if s.kind == "medusa" and module.draft_ids is not None else {})
     key = _digest({**{k: getattr(s, k) for k in TRAIN_KEYS}, **_start_key(s), **soft, **vocab_loss})
     result = trainer.train(objective, store, plan, folder / f"train-{s.kind}-{key}",
                            train_seqs=train_seqs, held_seqs=held_seqs, deadline=deadline,
