@@ -187,10 +187,11 @@ class OneLineUsage(click.Command):
 @train_settings.click_options
 @guarded
 def train(kind, **kw):
-    """Train an EAGLE-3 or Medusa head for a model on this machine (resumable).
+    """Train an EAGLE-3 or Medusa head, or count a corpus, for a model on this machine (resumable).
 
-    KIND is eagle3 or medusa. Data: --data prompts or questions the model writes itself,
-    answered by the model; never the evaluation prompts. The head goes to --out.
+    KIND is eagle3, medusa or corpus. Data: --data prompts or questions the model writes
+    itself, answered by the model; never the evaluation prompts. The head goes to --out; a
+    corpus there for the same model gains this run's answers as one more source.
     """
     from .training.recipe import run
 

@@ -58,6 +58,9 @@ class LLM:
         self._configs({})  # a bad method or other option fails here, before anything is loaded
         load = loader(model, self._defaults.get("draft"), dtype, progress)
         self._worker = Worker(load).start()
+        if "method" not in given:  # the interactive default, now that the model is known
+            self._defaults = {**self._defaults, "method": options.interactive_method(
+                self._defaults.get("draft"), self.target, self._defaults.get("head"))}
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
@@ -196,7 +199,7 @@ def load(model: str | Target = "demo", *, progress: bool = True, **options: Any)
 
     ``options`` are every call's defaults; a call may override any of them but ``draft`` and
     ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft model,
-    else 'lookup'. ``progress`` shows download / conversion progress.
+    else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows download / conversion progress.
     """
     return LLM(model, progress=progress, **options)
 

@@ -186,6 +186,32 @@ def test_auto_retires_an_arm_far_behind_on_every_pull(target):
     assert all(s.proposed == 0 for s in again.steps)
 
 
+class Slump(Costly):
+    """Charges 1 per proposal, but ``slow`` for proposals ``start`` .. ``start + n - 1``."""
+
+    def __init__(self, inner, clock, slow, start, n):
+        super().__init__(inner, clock, 1)
+        self.slow, self.start, self.n, self.asked = slow, start, n, 0
+
+    def propose(self, budget):
+        self.clock.t += self.slow if self.start <= self.asked < self.start + self.n else 1
+        self.asked += 1
+        return self.inner.propose(budget)
+
+
+def test_auto_keeps_the_best_arm_through_a_run_of_slower_steps(target):
+    """An oracle committing 4 tokens in 2 units (plain decoding: 1 in 1) has three steps in a
+    row at 4 tokens in 4.5 units: far under its own rate, within the margin of plain decoding's,
+    so it is not retired (it was, when a step was compared with the best value, its own)."""
+    clock = FakeClock()
+    oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+    auto = AutoDrafter({"none": None, "oracle": Slump(oracle, clock, 3.5, start=6, n=3)},
+                       clock=clock, retire=3)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=120)
+    assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=120).token_ids
+    assert not auto.retired and auto.value["oracle"] > auto.value["none"]
+
+
 def test_auto_keeps_an_arm_that_is_only_sometimes_behind(target):
     clock = FakeClock()
     oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)

@@ -113,9 +113,9 @@ def test_registry_entries_are_well_formed():
 def test_which_methods_need_a_draft_model_is_decided_by_the_registry():
     assert {m.name for m in registry.METHODS if m.needs_draft} == {"draft", "cascade"}
     assert "cascade" not in registry.available(None) and "draft" not in registry.available(None)
-    assert registry.available("d", heads={"eagle3", "medusa"}) == registry.NAMES
+    assert registry.available("d", heads={"eagle3", "medusa", "corpus"}) == registry.NAMES
     assert [m.name for m in registry.METHODS if m.arm is not None] == ["none", "lookup", "draft",
-                                                                       "eagle3"]
+                                                                       "eagle3", "corpus"]
 
 
 def test_registry_lookup_error_lists_every_method():
@@ -124,13 +124,13 @@ def test_registry_lookup_error_lists_every_method():
 
 
 def test_a_method_that_needs_a_head_is_available_only_with_one():
-    assert {m.name for m in registry.METHODS if m.needs_head} == {"eagle3", "medusa"}
-    assert not {"eagle3", "medusa"} & set(registry.available("d"))
+    assert {m.name for m in registry.METHODS if m.needs_head} == {"eagle3", "medusa", "corpus"}
+    assert not {"eagle3", "medusa", "corpus"} & set(registry.available("d"))
     assert "eagle3" in registry.available(None, heads={"eagle3"})
     assert "medusa" not in registry.available(None, heads={"eagle3"})
     SpecConfig(method="eagle3")  # valid: the head is looked for when the drafter is built
     assert SpecConfig(method="medusa", head="/some/dir").head == "/some/dir"
-    with pytest.raises(ConfigError, match="head applies to method 'eagle3' or 'medusa' or 'auto'"):
+    with pytest.raises(ConfigError, match="head applies to method 'eagle3' or 'medusa' or 'corpus' or 'auto'"):
         SpecConfig(method="lookup", head="/some/dir")
     with pytest.raises(ConfigError, match="head must be a head directory"):
         SpecConfig(method="eagle3", head="  ")

@@ -30,9 +30,11 @@ from scipy.stats import power_divergence
 
 import edgespec.verify
 from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
+from edgespec.drafters.corpus import CorpusDrafter
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.medusa import MedusaDrafter
+from edgespec.heads.corpus import NgramTable
 from edgespec.sampling import probs, sample
 from edgespec.verify import Accepted
 
@@ -120,7 +122,18 @@ DRAFTERS = {  # for a 2-layer target
     "auto": spec("auto", draft="-"),
     "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
     "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
+    "corpus": lambda target, draft, s: greedy_corpus(target),
 }
+
+
+def greedy_corpus(target):
+    """A corpus drafter whose table holds the target's greedy continuation of the test's prompt
+    (the prompt itself is lookup's material): it guesses what the target says most often."""
+    ids = prompt_ids(target)
+    seq = ids + Engine(target).generate(ids, max_tokens=2 * L).token_ids
+    return CorpusDrafter(NgramTable([np.array(seq[len(ids) - 4 :])]), None)
+
+
 def greedy_head(target, draft, sampling, kind: str):
     """A head that knows the target's greedy continuation of the test's prompt (the oracle heads
     of test_eagle3.py / test_medusa.py): under sampling its top guess is often, not always,

@@ -11,6 +11,7 @@ import pytest
 import edgespec
 from edgespec import Engine, SamplingConfig, SpecConfig
 from edgespec.heads import find_head, load_head
+from edgespec.heads.corpus import load_corpus
 
 pytestmark = pytest.mark.demo
 
@@ -26,23 +27,29 @@ def demo():
     return edgespec.load_target("demo", progress=False)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+KINDS = ["eagle3", "medusa", "corpus"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_shipped_head_is_found_and_small(demo, kind):
     path = find_head(demo, kind)
     assert path is not None and Path(path).resolve() == (SHIPPED / kind).resolve()
-    config, _ = load_head(path, demo)
-    assert config.kind == kind
+    if kind == "corpus":
+        assert load_corpus(path, demo).table.tokens > 100_000
+    else:
+        config, _ = load_head(path, demo)
+        assert config.kind == kind
     recipe = json.loads((SHIPPED / kind / "recipe.json").read_text())
     assert recipe["prompts"]["source"] == "magpie"
     assert sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) <= 25 * 2**20
 
 
 def test_shipped_heads_refuse_another_model(target):
-    for kind in ("eagle3", "medusa"):
+    for kind in KINDS:
         assert find_head(target, kind) is None
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_shipped_head_drafts_exactly(demo, kind):
     plain = Engine(demo)
     spec = Engine(demo, edgespec.make_drafter(SpecConfig(method=kind), demo, SamplingConfig()))

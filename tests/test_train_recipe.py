@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import main
+from edgespec.heads.corpus import load_corpus, read_sources
 from edgespec.heads.formats import load_head
 from edgespec.training import clock, trainer
 from edgespec.training.recipe import run
@@ -90,6 +91,35 @@ def test_train_both_kinds_from_data(model_dir, data, tmp_path, monkeypatch, tiny
     assert recipe["answers"]["new_tokens"] == 0 and recipe["features"]["new_tokens"] > 0
     assert (Path(recipe["work_dir"]) / "features-soft3" / "soft_p.npy").exists()
     assert recipe["train"]["done"] == 4 and load_head(tmp_path / "soft", target)[0].kind == "eagle3"
+
+
+def test_a_corpus_is_the_answers_and_gains_one_source_per_run(model_dir, data, tmp_path,
+                                                            monkeypatch, tiny_models):
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_models.load(layers=4)
+    out = tmp_path / "corpus"
+    code, text = invoke("train", "corpus", "--model", model_dir, "--data", data, "--out", out, *SMALL)
+    assert code == 0, text
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["status"] == "done" and recipe["prompts"]["dropped_eval"] == 1
+    assert set(recipe["timings_s"]) == {"prompts", "answers", "save"}  # no features, no training
+    c = recipe["corpus"]
+    assert c["documents"] == 6 and c["tokens"] == 6 * 16 and c["held_out_documents"] == 2
+    assert 0 <= c["held_out_top1"] <= 1
+    assert load_corpus(out, target).table.tokens == 6 * 16
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"prompt": "Name a blue flower."}) + "\n")
+    code, text = invoke("train", "corpus", "--model", model_dir, "--data", more, "--out", out, *SMALL)
+    assert code == 0, text
+    sources, section = read_sources(out)
+    assert [s["documents"] for s in section["sources"]] == [6, 1]
+    code, text = invoke("train", "corpus", "--model", model_dir, "--data", data, "--out", out, *SMALL)
+    assert code == 0, text  # the same source again replaces its documents
+    assert [s["documents"] for s in read_sources(out)[1]["sources"]] == [6, 1]
+    # another model's corpus at --out is not mixed into
+    other = tiny_models.path(layers=4, seed=5)
+    code, text = invoke("train", "corpus", "--model", other, "--data", data, "--out", out, *SMALL)
+    assert code != 0 and "another model's" in text
 
 
 def test_a_budget_stop_then_resume_gives_the_uninterrupted_head(model_dir, data, tmp_path, monkeypatch):

@@ -204,7 +204,7 @@ def test_windows_split_long_sequences_and_skip_untrained_pieces(store):
 # --- settings ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("kind", "hydra", "kind must be one of: eagle3, medusa; got 'hydra'"),
+    ("kind", "hydra", "kind must be one of: eagle3, medusa, corpus; got 'hydra'"),
     ("out", None, "out must be a non-empty string"),
     ("draft_vocab", 1, "draft_vocab must be an integer in [2, 10000000], got 1"),
     ("depths", 0, "depths must be an integer in [1, 16], got 0"),

@@ -154,6 +154,15 @@ def _eagle3(spec, target, sampling, draft):
                          nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
 
 
+def _corpus(spec, target, sampling, draft):
+    from ..targets.cost import verify_cost_curve
+    from .corpus import CorpusDrafter
+
+    _, table = load_head_for(spec, target, "corpus")
+    return CorpusDrafter(table, verify_cost_curve(target) if spec.adaptive else None,
+                         num_draft=spec.num_draft, max_draft=spec.max_draft)
+
+
 def _medusa(spec, target, sampling, draft):
     from ..targets.cost import verify_cost_curve
     from .medusa import MedusaDrafter
@@ -165,10 +174,11 @@ def _medusa(spec, target, sampling, draft):
 
 
 # Per target (weakly: a target's heads go with it), per head folder (path, config mtime):
-# the loaded (config, module), and the configs alone for ``heads_for``, which only needs a
-# head's kind and fit (its module is not shared with a drafter that may run on another thread).
+# the loaded (kind, module), and the kinds alone for ``heads_for``, which only needs a head's
+# kind and fit (its module is not shared with a drafter that may run on another thread).
 _loaded_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_head_configs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_head_kinds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HEAD_KINDS = "eagle3, medusa or corpus"
 
 
 def _head_key(path) -> tuple:
@@ -185,11 +195,24 @@ def _head_dir(path, kind: str):
     return path
 
 
+def _load(path, target) -> tuple[str, object]:
+    """(kind, module) of the head folder ``path``, checked against ``target``: a network head
+    (EAGLE-3, Medusa) or a corpus (its n-gram table)."""
+    from ..heads.corpus import load_corpus
+    from ..heads.find import head_kind
+    from ..heads.formats import load_head
+
+    if head_kind(path) == "corpus":
+        return "corpus", load_corpus(path, target).table
+    config, module = load_head(path, target)
+    return config.kind, module
+
+
 def load_head_for(spec, target, kind: str):
     """(path, module) of ``spec.head``, else of the head ``find_head`` finds for ``target``;
     ConfigError naming the model and ``edgespec train`` when there is none. Loaded once per
     (path, modification time) and target."""
-    from ..heads import find_head, load_head
+    from ..heads import find_head
 
     path = spec.head if spec.head is not None else find_head(target, kind)
     if path is None:
@@ -201,11 +224,11 @@ def load_head_for(spec, target, kind: str):
     loaded = _loaded_heads.setdefault(target, {})
     key = _head_key(path)
     if key not in loaded:
-        loaded[key] = load_head(path, target)
-        _head_configs.setdefault(target, {})[key] = loaded[key][0]
-    config, module = loaded[key]
-    if config.kind != kind:
-        raise ConfigError(f"head {str(path)!r} is a {config.kind} head; method {kind!r} "
+        loaded[key] = _load(path, target)
+        _head_kinds.setdefault(target, {})[key] = loaded[key][0]
+    have, module = loaded[key]
+    if have != kind:
+        raise ConfigError(f"head {str(path)!r} is a {have} head; method {kind!r} "
                           f"needs a {kind} head")
     return path, module
 
@@ -215,28 +238,30 @@ def heads_for(target, head: str | None = None) -> frozenset[str]:
     given (a head directory; HeadError when it does not fit the target), else each kind
     ``find_head`` finds a head of."""
     from ..heads import find_head
-    from ..heads.formats import load_head
 
     kinds = [m.name for m in METHODS if m.needs_head]
     if head is not None:
-        path = _head_dir(head, "eagle3 or medusa")
-        configs = _head_configs.setdefault(target, {})
+        path = _head_dir(head, _HEAD_KINDS)
+        known = _head_kinds.setdefault(target, {})
         key = _head_key(path)
-        if key not in configs:
-            configs[key] = load_head(path, target)[0]
-        return frozenset(k for k in kinds if k == configs[key].kind)
+        if key not in known:
+            known[key] = _load(path, target)[0]
+        return frozenset(k for k in kinds if k == known[key])
     return frozenset(k for k in kinds if find_head(target, k) is not None)
 
 
 def _auto(spec, target, sampling, draft):
     """A bandit over the arms below that can run here (a draft-model arm only with a draft, an
-    EAGLE-3 arm only with a head for the target)."""
+    EAGLE-3 arm or a corpus arm only with a head or corpus for the target). A corpus arm
+    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain."""
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
     heads = heads_for(target, spec.head)
-    return AutoDrafter({m.name: m.arm(spec, target, sampling, draft) for m in METHODS
-                        if m.arm is not None and m.available(given, heads)})
+    names = [m.name for m in METHODS if m.arm is not None and m.available(given, heads)]
+    if "corpus" in names:
+        names.remove("lookup")
+    return AutoDrafter({n: get(n).arm(spec, target, sampling, draft) for n in names})
 
 
 # -- the registry: its order is the order every surface lists methods in (and auto's arms) ------
@@ -262,8 +287,11 @@ METHODS: tuple[Method, ...] = (
            _eagle3, reads=("head", *_LENGTH), needs_head=True, arm=_eagle3),
     Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
            _medusa, reads=("head", *_LENGTH), needs_head=True),
-    Method("auto", "a bandit over plain decoding, lookup, the draft model and an EAGLE-3 head, "
-           "by measured speed", _auto, reads=("draft", "head", *_LENGTH)),
+    Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "
+           "`edgespec train corpus`", _corpus, reads=("head", *_LENGTH), needs_head=True,
+           arm=_corpus),
+    Method("auto", "a bandit over plain decoding, lookup, the draft model, an EAGLE-3 head and a "
+           "corpus, by measured speed", _auto, reads=("draft", "head", *_LENGTH)),
 )
 
 NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)

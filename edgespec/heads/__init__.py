@@ -12,9 +12,9 @@ they are shipped in, and where a target's head is found.
 
 from .config import HeadConfig, fingerprint
 from .eagle3 import Eagle3Head, depth_mask, eagle3_loss
-from .find import find_head
+from .find import find_head, head_kind
 from .formats import load_head, save_head
 from .medusa import MedusaHeads, medusa_loss, target_lm_head
 
 __all__ = ["Eagle3Head", "HeadConfig", "MedusaHeads", "depth_mask", "eagle3_loss", "find_head",
-           "fingerprint", "load_head", "medusa_loss", "save_head", "target_lm_head"]
+           "fingerprint", "head_kind", "load_head", "medusa_loss", "save_head", "target_lm_head"]

@@ -46,3 +46,9 @@ def _section(head_dir: Path) -> dict:
         return {}  # unreadable candidates are skipped: load_head names the problem if one is used
     ours = cfg.get("edgespec") if isinstance(cfg, dict) else None
     return ours if isinstance(ours, dict) else {}
+
+
+def head_kind(head_dir) -> str | None:
+    """The kind a head folder's config.json names in its edgespec section (None: none named;
+    published EAGLE-3 and Medusa checkpoints name none)."""
+    return _section(Path(head_dir)).get("kind")

@@ -64,7 +64,8 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, aliases, no_prefi
     v = options.values("serve", kw)
     model, draft = options.config(ModelConfig, v).model, v.get("draft")
     settings = ServerSettings(
-        model=model, method=v["method"], draft=draft, dtype=v.get("dtype"),
+        model=model, method=options.given("serve", kw).get("method"), draft=draft,
+        dtype=v.get("dtype"),
         spec_options=options.pick(SpecConfig, v, skip=("method", "draft")), api_key=api_key,
         max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins),
         aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)

@@ -30,7 +30,7 @@ class ServerSettings:
     """
 
     model: str = "demo"
-    method: str | None = None  # None: options.interactive_method ('draft' with a draft, else 'lookup')
+    method: str | None = None  # None: options.interactive_method for the loaded model
     draft: str | None = None
     dtype: str | None = None
     spec_options: Mapping[str, object] = field(default_factory=dict)
@@ -65,8 +65,12 @@ class ServerSettings:
         head for the loaded ``target`` for 'eagle3' and 'medusa', ...)."""
         return registry.available(self.draft, registry.heads_for(target, self.spec_options.get("head")))
 
-    def default_method(self) -> str:
-        return self.method if self.method is not None else options.interactive_method(self.draft)
+    def default_method(self, target=None) -> str:
+        """The method of requests that name none: ``method``, else the interactive default
+        (for ``target`` once loaded: 'corpus' when the model has one)."""
+        if self.method is not None:
+            return self.method
+        return options.interactive_method(self.draft, target, self.spec_options.get("head"))
 
 
 class ServerState:
@@ -76,7 +80,7 @@ class ServerState:
         self.settings = settings
         self.worker = worker
         self.target = worker.target
-        self.method = settings.default_method()
+        self.method = settings.default_method(self.target)
         self.methods = settings.available_methods(self.target)
         if self.method not in self.methods and registry.get(self.method).needs_head:
             registry.load_head_for(settings.spec(self.method, {}), self.target, self.method)

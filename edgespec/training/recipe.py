@@ -1,10 +1,13 @@
-"""``edgespec train eagle3|medusa``: the whole recipe, in five resumable phases.
+"""``edgespec train eagle3|medusa|corpus``: the whole recipe, in five resumable phases.
 
     1 prompts   --data (read_prompts) or Magpie questions from the target; eval prompts excluded
     2 answers   the target's greedy answers, batched (mlx-lm BatchGenerator)
     3 features  teacher forcing through Target.score -> the float16 memory-mapped store
     4 train     AdamW + warm-up/cosine + clipping on the store; held-out top-1 per depth/head
     5 save      save_head (edgespec layout) + recipe.json (settings, data sizes, timings, metrics)
+
+``corpus`` stops after phase 2: its answers' token ids become (or join, as one more source) the
+corpus at ``--out`` (``heads/corpus.py``), with the table's top-1 agreement on a held-out split.
 
 Contract: ``run(settings)`` does all five and returns the recipe (a dict, also written to
 ``<out>/recipe.json``). Everything it makes on the way lives in a work dir (default
@@ -28,6 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..heads.config import HeadConfig, fingerprint
+from ..heads.corpus import NgramTable, check_corpus, read_sources, save_corpus
 from ..heads.eagle3 import Eagle3Head
 from ..heads.formats import load_head, save_head
 from ..heads.medusa import MedusaHeads, target_lm_head_rows
@@ -114,6 +118,14 @@ def run(s: TrainSettings, log: Callable[[str], None] = print) -> dict:
     batch_model = None
     if not report["answers"]["complete"]:
         return _stopped(report, "answers", log)
+    if s.kind == "corpus":
+        earlier = _earlier_corpus_runs(Path(s.out))
+        report["corpus"] = clock.timed("save", lambda: phase_corpus(s, target, answers, report))
+        report["status"] = "done"
+        report["earlier_runs"] = earlier
+        (Path(s.out) / "recipe.json").write_text(json.dumps(report, indent=1))
+        log(corpus_summary(report))
+        return report
     features = folder / ("features" if not s.soft_labels else f"features-soft{s.soft_labels}")
     report["features"] = clock.timed("features", lambda: write_features(
         target, answers, features, aux_layers=aux_layers(target), max_seq=s.max_seq,
@@ -187,6 +199,65 @@ def phase_answers(s: TrainSettings, target, folder: Path, questions: list[dict],
     counts["answers"] = len(answers)
     counts["answer_tokens"] = sum(len(r["answer"]) for r in answers)
     return answers, counts
+
+
+def phase_corpus(s: TrainSettings, target, answers: list[dict], report: dict) -> dict:
+    """The answers' token ids as this source's documents in the corpus at ``s.out`` (a corpus
+    there for the same target keeps its other sources; this source's earlier documents are
+    replaced); its held-out top-1 agreement is measured on a split of this source."""
+    out, name = Path(s.out), source_name(s)
+    sources = {}
+    if (out / "config.json").is_file():
+        sources, section = read_sources(out)
+        check_corpus(section, target)
+    docs = [list(r["answer"]) for r in answers if r["answer"]]
+    sources[name] = docs
+    held = max(1, round(len(docs) * s.held_out)) if len(docs) > 1 else 0
+    rng = np.random.default_rng(s.seed)
+    order = rng.permutation(len(docs))
+    held_docs = [np.asarray(docs[i]) for i in order[:held]]
+    train_docs = [np.asarray(docs[i]) for i in order[held:]]
+    others = [np.asarray(d) for n, ds in sources.items() if n != name for d in ds]
+    section = save_corpus(out, target, sources)
+    return {"sources": section["sources"], "documents": sum(len(d) for d in sources.values()),
+            "tokens": sum(x["tokens"] for x in section["sources"]),
+            "held_out_documents": held,
+            "held_out_top1": table_agreement(NgramTable(train_docs + others), held_docs)}
+
+
+def _earlier_corpus_runs(out: Path) -> list[dict]:
+    """What the earlier runs into the corpus at ``out`` did (its recipe keeps every run)."""
+    try:
+        prev = json.loads((out / "recipe.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if prev.get("settings", {}).get("kind") != "corpus":
+        return []
+    keep = ("settings", "prompts", "answers", "timings_s", "timings_total_s")
+    return prev.get("earlier_runs", []) + [{k: prev[k] for k in keep if k in prev}]
+
+
+def table_agreement(table: NgramTable, docs: list[np.ndarray]) -> float | None:
+    """How often the table's guess after each position's history is the token that came next."""
+    hits = total = 0
+    for doc in docs:
+        for i in range(1, len(doc)):
+            guess = table.guess(doc[max(0, i - table.max_context) : i].tolist())
+            hits += guess is not None and guess[0] == doc[i]
+            total += 1
+    return round(hits / total, 4) if total else None
+
+
+def corpus_summary(r: dict) -> str:
+    c = r["corpus"]
+    return "\n".join([
+        f"status: {r['status']}",
+        f"data: {r['prompts'].get('kept')} prompts ({r['prompts'].get('dropped_eval', 0)} dropped: "
+        f"overlap with evaluation prompts), {r['answers']['answer_tokens']} answer tokens",
+        f"corpus: {c['documents']} answers, {c['tokens']} tokens in {len(c['sources'])} source(s); "
+        f"held-out top-1 agreement {c['held_out_top1']}",
+        "time (this run): " + ", ".join(f"{k} {v:.0f}s" for k, v in r["timings_s"].items()),
+    ])
 
 
 def _add_up(path: Path, counts: dict) -> dict:

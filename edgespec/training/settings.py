@@ -20,7 +20,7 @@ import click
 from ..errors import ConfigError
 from ..options import kind as option_type
 
-KINDS = ("eagle3", "medusa")
+KINDS = ("eagle3", "medusa", "corpus")
 DEFAULT_LR = {"eagle3": 3e-4, "medusa": 1e-3}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600}

@@ -32,7 +32,8 @@ def chat(model_ref, system, plain, color, **kw):
     which tokens the target accepted from the drafter, live."""
     c = options.configs("chat", kw)  # MODEL is an argument here, not an option
     load = partial(open_session, model_ref, spec=c.spec, sampling=c.sampling,
-                   generation=c.generation, system=system, dtype=c.model.dtype)
+                   generation=c.generation, system=system, dtype=c.model.dtype,
+                   method_named="method" in options.given("chat", kw))
     if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
         import atexit
 

@@ -38,7 +38,7 @@ from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import load_draft, make_drafter, registry
 from ..engine import Engine
 from ..errors import ConfigError
-from ..options import spec_for
+from ..options import method_for_model, spec_for
 from ..stats import Stats
 from ..stream_text import Segment
 from ..targets import Target, load
@@ -184,11 +184,13 @@ class ChatSession:
 
 def open_session(model_ref: str, *, spec: SpecConfig, sampling: SamplingConfig,
                  generation: GenerationConfig, system: str | None = None,
-                 dtype: str | None = None,
+                 dtype: str | None = None, method_named: bool = True,
                  status: Callable[[str], None] = lambda _: None) -> ChatSession:
-    """Load the target (and the draft model when the method needs it) into a ready session."""
+    """Load the target (and the draft model when the method needs it) into a ready session;
+    unless ``method_named``, the method is the interactive default for the loaded model."""
     status(f"loading {model_ref}…")
     target = load(model_ref, dtype=dtype, progress=True)
+    spec = method_for_model(spec, method_named, target)
     session = ChatSession(target, spec=spec, sampling=sampling, generation=generation,
                           system=system)
     session.prepare(status)
