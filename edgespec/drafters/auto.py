@@ -16,12 +16,12 @@ neither taken nor kept in step any more, and from the next request on its needs 
 target features, its prefill over the prompt) cost nothing (the demo model's EAGLE-3 arm,
 never taken, still cost auto ~7% through them: 1.07x against 1.15x without it, 8 MT-bench
 prompts, one run). When no drafter beats plain decoding, the plain arm is
-chosen and speculation is effectively off. The defaults come from replaying recorded demo-model
-answers against the measured cost curve with timing noise (``scripts/lookup_sim.py`` records).
+chosen and speculation is effectively off. The defaults came from replaying recorded demo-model
+answers (MT-bench ones, in an early stop) against the measured cost curve with timing noise.
 
-An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup with
-a match of 3 or more tokens, whose drafts were estimated at 1.4-3.5x plain decoding per step by
-replaying the demo model's MT-bench answers against the measured cost curve). Such a step goes
+An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup, or
+the corpus drafter, with a match of 3 or more tokens, whose steps are estimated at 2.7-4.3x plain
+decoding by replaying the demo model's training answers against its cost curve). Such a step goes
 to that arm outside the bandit: it neither counts as a pull nor moves any value, so the bandit
 decides only the steps where the evidence is weak (a 1- or 2-token match, estimated at about
 1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.

@@ -90,12 +90,12 @@ class PromptLookupDrafter(Drafter):
         self.index.extend(tokens)
 
     # Branch length by match length: a 1-token match is weak evidence (on open chat most such
-    # drafts are rejected, and each drafted token costs a few % of a forward), a 3-gram is strong.
-    # Defaults chosen by replaying 50 recorded MT-bench answers of the demo model against the
-    # measured CPU cost curve (scripts/lookup_sim.py): one branch with this reach estimated 1.19x,
-    # three branches 1.11x — on a 2-core CPU each extra node costs ~8% of a forward, more than an
-    # alternative continuation earns. Trees (max_branches > 1) are for backends where width is
-    # cheaper (GPUs); they are tested for exactness but not measured as a win here.
+    # drafts are rejected), a 3-gram is strong. These were first chosen by replaying recorded
+    # MT-bench answers (evaluation prompts, which must not tune anything) against the MKL-era
+    # cost curve, where each extra node cost ~8% of a forward. Replayed on 600 training answers
+    # against today's nearly flat curve (scripts/lookup_sim.py, stop 22) they estimate 1.354x,
+    # and the best of a grid of reaches and branch counts 1.377x (reach (0, 2, 3, 5, 8), three
+    # branches): within 2%, so they were kept. Trees (max_branches > 1) are tested for exactness.
     _REACH = (0, 1, 2, 5, 8)
 
     def _length(self, match: int, budget: int) -> int:
@@ -104,9 +104,9 @@ class PromptLookupDrafter(Drafter):
         return max(1, min(k, max(self.base, 1) * 2, self.max_draft, budget))
 
     # A match this long pays on its own (see ``AutoDrafter``): auto then drafts without asking
-    # its bandit. Estimated per step by replaying 24 MT-bench answers of the demo model against
-    # the measured cost curve (scripts/lookup_sim.py): 3-token matches 1.4-1.9x plain decoding,
-    # 4+ 1.6-3.5x; 1- and 2-token matches 1.0-1.25x.
+    # its bandit. Per step, replaying 800 training answers of the demo model against today's
+    # cost curve (stop 22; first estimated on MT-bench records, see above): 3-token matches
+    # 2.7x plain decoding, 4+ 4.3x, 2-token 1.8x, 1-token 1.2x.
     SURE_MATCH = 3
 
     def confident(self) -> bool:
