@@ -176,3 +176,35 @@ def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
     path = str(tiny_models.path())  # the same weights as ``target``: the corpus fits
     assert open_session(path, **args, method_named=False).method == "corpus"
     assert open_session(path, **args, method_named=True).method == "lookup"
+
+
+def test_runners_up_are_siblings_and_count_in_the_calibration():
+    # after 100 the table saw 101 twice and 7 once; after "100 101" only 102
+    table = NgramTable([np.array([100, 101, 102]), np.array([100, 101, 102]), np.array([100, 7])])
+    d = CorpusDrafter(table, None, max_chain=2, width=3)
+    d.prefill([5, 100], None)
+    tree = d.propose(budget=8)
+    kids = {tree.tokens[c]: c for c in tree.children(0)}
+    assert set(kids) == {101, 7}  # the chain's first token and its runner-up
+    assert [tree.tokens[c] for c in tree.children(kids[101])] == [102]
+    assert not tree.children(kids[7])
+    assert d.propose(budget=1).num_drafted == 1  # the budget keeps the likeliest node: 101
+    d.propose(budget=8)
+    before = d.confirmed, d.predicted
+    d.update(Accepted([0], [7]), tree, None)  # the target said 7: the runner-up was right
+    assert d.confirmed == pytest.approx(0.99 ** 2 * before[0] + 0.99 * 0 + 1)  # 101 missed, 7 hit
+    assert d.predicted == pytest.approx(0.99 ** 2 * before[1] + 0.99 * (2 / 3) + 1 / 3)
+
+
+def test_random_tables_give_valid_trees_within_the_budget():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        docs = [rng.integers(0, 8, rng.integers(2, 30)) for _ in range(rng.integers(1, 6))]
+        d = CorpusDrafter(NgramTable(docs), FLAT if rng.random() < 0.5 else None,
+                          max_chain=int(rng.integers(1, 8)), width=int(rng.integers(1, 4)))
+        d.prefill(rng.integers(0, 8, rng.integers(1, 12)).tolist(), None)
+        budget = int(rng.integers(0, 12))
+        tree = d.propose(budget)  # DraftTree itself checks that parents precede children
+        assert tree.num_drafted <= 2 * budget  # lookup's branch and the table's nodes, each within it
+        assert len(d.proposed) <= budget
+        assert len({p for p, _ in d.proposed}) == len(d.proposed)

@@ -5,14 +5,16 @@ a 1- or 2-token match, or none. There the corpus drafter also proposes a chain f
 own n-gram table (:mod:`edgespec.heads.corpus`, counted by ``edgespec train corpus`` over answers
 the model wrote to questions it was never evaluated on): after the last tokens, the token that
 most often followed them, then the same again from the extended text, up to ``max_chain``
-tokens. The chain and lookup's branch are merged into one tree (shared prefixes scored once).
+tokens, and at each depth the table's runners-up as siblings (up to ``width`` tokens a depth).
+These and lookup's branch are merged into one tree (shared prefixes scored once).
 
-How long the chain is comes from this device's verify-cost curve (``best_budget``, as EAGLE-3's
-tree): node i's chance of acceptance is estimated as the product of the table's shares along the
-chain times a calibration factor, the running ratio of the chain's tokens the target confirmed
-to the shares predicted for them (the shares are counted on the training answers, where they
-are too sure; the prior is ``PRIOR_SCALE``, from replaying held-out training answers, not the
-evaluation prompts). On a nearly flat curve a long chain is cheap; on a steep one it is cut short.
+Which of them are verified comes from this device's verify-cost curve (``best_budget``, as
+EAGLE-3's tree): a node's chance of acceptance is its parent's times its share in the table times
+a calibration factor, the running ratio of proposed table tokens the target confirmed to the
+shares predicted for them (the shares are counted on the training answers, where they are too
+sure; the prior is ``PRIOR_SCALE``, from replaying held-out training answers, not the evaluation
+prompts). On a nearly flat curve a long chain and its runners-up are cheap; on a steep one the
+tree is cut to its likeliest nodes.
 
 A lookup match longer than ``LOOKUP_ONLY`` tokens is left to lookup alone (it is then right
 more often than the table). Deterministic proposals: the tree carries no ``q``, so the verifier
@@ -21,7 +23,7 @@ treats every branch as a one-hot proposal, lossless for greedy and sampling alik
 
 from __future__ import annotations
 
-from ..heads.corpus import NgramTable
+from ..heads.corpus import TOP, NgramTable
 from ..targets.cost import CostCurve, best_budget
 from ..targets.target import TargetOutput
 from ..tree import DraftTree, merge
@@ -38,51 +40,65 @@ class CorpusDrafter(PromptLookupDrafter):
     name = "corpus"
 
     def __init__(self, table: NgramTable, curve: CostCurve | None, num_draft: int = 8,
-                 max_draft: int = 12, max_chain: int = 8):
-        self.table, self.curve, self.max_chain = table, curve, max_chain
+                 max_draft: int = 12, max_chain: int = 8, width: int = TOP):
+        self.table, self.curve, self.max_chain, self.width = table, curve, max_chain, width
         self.confirmed, self.predicted = PRIOR_SCALE * PRIOR_WEIGHT, PRIOR_WEIGHT
-        self.chain: tuple[list[int], list[float]] = ([], [])
+        self.proposed: list[tuple[tuple[int, ...], float]] = []  # (path from the root, share)
         super().__init__(num_draft=num_draft, max_draft=max_draft)
 
     @property
     def scale(self) -> float:
-        """Confirmed / predicted over the chains' tested tokens (decayed, from the prior)."""
+        """Confirmed / predicted over the proposed table tokens the target got to (decayed,
+        from the prior)."""
         return self.confirmed / self.predicted
+
+    def _candidates(self, budget: int) -> list[tuple[float, tuple[int, ...], float]]:
+        """(chance of acceptance, path from the root, share) of the chain's tokens and of their
+        runners-up (siblings, up to ``width`` per depth), most likely first; a node's chance is
+        its parent's times its own calibrated share, so a parent always comes before its
+        children."""
+        history, nodes = list(self.index.tokens), []
+        path, chance = (), 1.0
+        while len(path) < min(self.max_chain, budget):
+            found = self.table.guesses(history + list(path))
+            if not found:
+                break
+            for tok, share in found[1 : self.width]:
+                nodes.append((chance * min(1.0, share * self.scale), path + (tok,), share))
+            tok, share = found[0]
+            chance *= min(1.0, share * self.scale)
+            path = path + (tok,)
+            nodes.append((chance, path, share))
+        nodes.sort(key=lambda n: (-n[0], len(n[1])))
+        return nodes[:budget]
 
     def propose(self, budget: int) -> DraftTree:
         base = super().propose(budget)
-        self.chain = ([], [])
+        self.proposed = []
         match, _ = self.index.continuations(1)
         if budget <= 0 or match > LOOKUP_ONLY:
             return base
-        history, tokens, shares = list(self.index.tokens), [], []
-        while len(tokens) < min(self.max_chain, budget):
-            guess = self.table.guess(history)
-            if guess is None:
-                break
-            tokens.append(guess[0])
-            shares.append(guess[1])
-            history.append(guess[0])
-        if self.curve is not None and tokens:
-            path, p = [], 1.0
-            for s in shares:
-                p *= min(1.0, s * self.scale)
-                path.append(p)
-            keep = best_budget(path, self.curve).nodes
-            tokens, shares = tokens[:keep], shares[:keep]
-        if not tokens:
+        nodes = self._candidates(budget)
+        if self.curve is not None and nodes:
+            nodes = nodes[: best_budget([c for c, _, _ in nodes], self.curve).nodes]
+        if not nodes:
             return base
-        self.chain = (tokens, shares)
-        ours = DraftTree.chain(self.index.tokens[-1], tokens)
+        self.proposed = [(path, share) for _, path, share in nodes]
+        where, tokens, parents = {(): 0}, [self.index.tokens[-1]], [-1]
+        for path, _ in self.proposed:
+            where[path] = len(tokens)
+            tokens.append(path[-1])
+            parents.append(where[path[:-1]])
+        ours = DraftTree(tokens, parents)
         return ours if base.num_drafted == 0 else merge([base, ours])
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput | None) -> None:
-        tokens, shares = self.chain
         committed = accepted.tokens
-        for i, (tok, share) in enumerate(zip(tokens, shares)):
-            if i >= len(committed) or committed[:i] != tokens[:i]:
-                break  # untested: the target left the chain before this token
-            self.confirmed = DECAY * self.confirmed + (committed[i] == tok)
+        for path, share in self.proposed:
+            d = len(path)
+            if len(committed) < d or tuple(committed[: d - 1]) != path[:-1]:
+                continue  # untested: the target left this node's path before it
+            self.confirmed = DECAY * self.confirmed + (committed[d - 1] == path[-1])
             self.predicted = DECAY * self.predicted + share
-        self.chain = ([], [])
+        self.proposed = []
         super().update(accepted, tree, target_out)

@@ -2,9 +2,10 @@
 counted over answers it wrote itself (``edgespec train corpus``), for the corpus drafter.
 
 Contract: ``NgramTable(documents)`` counts, for every context of ``1..MAX_CONTEXT`` tokens in the
-documents, which token followed it most often (ties: the smaller id) and that token's share of
-the context's occurrences. ``guess(history)`` reads the longest context of the history's last
-tokens that the documents hold: ``(token, share)``, or None. Contexts are stored as 64-bit hashes
+documents, which ``TOP`` tokens followed it most often (ties: the smaller id) and their shares of
+the context's occurrences. ``guesses(history)`` reads the longest context of the history's last
+tokens that the documents hold: ``[(token, share), ...]``, most frequent first; ``guess`` the
+first of them, or None. Contexts are stored as 64-bit hashes
 in a sorted array, looked up by binary search: a hash collision can only make a draft wrong, and
 a wrong draft is rejected by the verifier, so the output never depends on it.
 
@@ -28,6 +29,7 @@ from ..errors import HeadError
 from .config import fingerprint
 
 MAX_CONTEXT = 4
+TOP = 3  # next tokens kept per context
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit multiplier of the context hash
 _MASK = (1 << 64) - 1
 FILE = "corpus.safetensors"
@@ -63,7 +65,7 @@ class NgramTable:
             keys.append(h)
             nexts.append(doc[n:].astype(np.int64))
         if not keys:
-            return np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.float32)
+            return np.zeros(0, np.uint64), np.zeros((0, TOP), np.int32), np.zeros((0, TOP), np.float32)
         k, t = np.concatenate(keys), np.concatenate(nexts)
         order = np.lexsort((t, k))
         k, t = k[order], t[order]
@@ -74,22 +76,34 @@ class NgramTable:
         key_id = np.cumsum(first_of_key) - 1
         total = np.bincount(key_id, weights=pc)
         best = np.lexsort((pt, -pc, key_id))  # per context: most often first, then smaller id
-        head = np.r_[True, key_id[best][1:] != key_id[best][:-1]]
-        chosen = best[head]
-        return pk[first_of_key], pt[chosen].astype(np.int32), (pc[chosen] / total).astype(np.float32)
+        rows = key_id[best]
+        firsts = np.r_[0, np.flatnonzero(rows[1:] != rows[:-1]) + 1]
+        rank = np.arange(len(best)) - np.repeat(firsts, np.diff(np.r_[firsts, len(best)]))
+        keep = rank < TOP
+        tokens = np.full((len(total), TOP), -1, np.int32)
+        shares = np.zeros((len(total), TOP), np.float32)
+        tokens[rows[keep], rank[keep]] = pt[best][keep]
+        shares[rows[keep], rank[keep]] = pc[best][keep] / total[rows[keep]]
+        return pk[first_of_key], tokens, shares
 
     def __len__(self) -> int:
         return sum(len(keys) for keys, _, _ in self.tables)
 
-    def guess(self, history) -> tuple[int, float] | None:
-        """(most frequent next token, its share) after the longest context ending ``history``."""
+    def guesses(self, history) -> list[tuple[int, float]]:
+        """Up to ``TOP`` (next token, its share) after the longest context ending ``history``
+        that the documents hold, most frequent first; [] when none."""
         for n in range(min(self.max_context, len(history)), 0, -1):
             keys, tokens, shares = self.tables[n - 1]
             h = np.uint64(context_hash(history[len(history) - n :]))
             i = int(np.searchsorted(keys, h))
             if i < len(keys) and keys[i] == h:
-                return int(tokens[i]), float(shares[i])
-        return None
+                return [(int(t), float(p)) for t, p in zip(tokens[i], shares[i]) if t >= 0]
+        return []
+
+    def guess(self, history) -> tuple[int, float] | None:
+        """(most frequent next token, its share) after the longest context ending ``history``."""
+        found = self.guesses(history)
+        return found[0] if found else None
 
 
 class Corpus:
