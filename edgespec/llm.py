@@ -58,12 +58,17 @@ class LLM:
         self._configs({})  # a bad method or other option fails here, before anything is loaded
         load = loader(model, self._defaults.get("draft"), dtype, progress)
         self._worker = Worker(load).start()
-        if "method" not in given:  # the interactive default, now that the model is known
-            self._defaults = {**self._defaults, "method": options.interactive_method(
-                self._defaults.get("draft"), self.target, self._defaults.get("head"))}
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
+        if "method" not in given:  # the interactive default, now that the model is known
+            try:
+                method = options.interactive_method(self._defaults.get("draft"), self.target,
+                                                    self._defaults.get("head"))
+            except BaseException:
+                self._closer()  # a head that does not fit: stop the worker, then say why
+                raise
+            self._defaults = {**self._defaults, "method": method}
 
     # -- what it is -----------------------------------------------------------------------------
 
@@ -87,7 +92,7 @@ class LLM:
     @property
     def methods(self) -> tuple[str, ...]:
         """The methods this LLM can run (``draft`` and ``cascade`` need ``load(..., draft=REF)``,
-        ``eagle3`` and ``medusa`` a trained head for the model)."""
+        ``eagle3``, ``medusa`` and ``corpus`` a trained head or corpus for the model)."""
         return registry.available(self._defaults.get("draft"),
                                   registry.heads_for(self.target, self._defaults.get("head")))
 
@@ -198,8 +203,9 @@ def load(model: str | Target = "demo", *, progress: bool = True, **options: Any)
     and start its generation thread: an :class:`LLM`.
 
     ``options`` are every call's defaults; a call may override any of them but ``draft`` and
-    ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft model,
-    else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows download / conversion progress.
+    ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft
+    model, else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
+    download / conversion progress.
     """
     return LLM(model, progress=progress, **options)
 

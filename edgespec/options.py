@@ -21,6 +21,7 @@ import click
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from .drafters import registry
 from .errors import ConfigError
+from .heads.find import head_kind
 
 CONFIGS = (ModelConfig, SpecConfig, SamplingConfig, GenerationConfig)
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": tuple}
@@ -32,10 +33,15 @@ def interactive_method(draft: str | None, target=None, head: str | None = None) 
     draft model; else 'corpus' when a corpus (``edgespec train corpus``) is found for the loaded
     ``target`` (1.46x plain decoding on the demo model's MT-bench run against lookup's 1.33x,
     1.23x against 1.14x at temperature 0.7); else 'lookup', the best method that needs nothing.
-    Without ``target`` (before the model is loaded) it is 'draft' or 'lookup'; each surface asks
+    A ``head`` folder given (``--head``) whose config names its kind picks that kind's method.
+    Without ``target`` (before the model is loaded) no corpus is looked for; each surface asks
     again once its model is loaded, when no method was named (``method_for_model``)."""
     if draft is not None:
         return "draft"
+    if head is not None:  # a head or corpus folder given: its own method, when its config says
+        kind = head_kind(head)
+        if kind in registry.NAMES and registry.get(kind).needs_head:
+            return kind
     if target is not None and "corpus" in registry.heads_for(target, head):
         return "corpus"
     return "lookup"
@@ -70,10 +76,10 @@ class Surface:
         return [f for cls in self.classes for f in dataclasses.fields(cls) if f.name not in self.skip]
 
 
-_INTERACTIVE = Default(lambda given: interactive_method(given.get("draft")),
+_INTERACTIVE = Default(lambda given: interactive_method(given.get("draft"), head=given.get("head")),
                        "'draft' with --draft, else 'corpus' when the model has one, else 'lookup'")
-_INTERACTIVE_PY = Default(_INTERACTIVE.value,
-                          "'draft' with draft=REF, else 'corpus' when the model has one, else 'lookup'")
+_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'corpus' when the "
+                                              "model has one, else 'lookup'")
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 

@@ -15,7 +15,7 @@ import pytest
 from edgespec import Engine, SpecConfig, make_drafter
 from edgespec.drafters import registry
 from edgespec.drafters.corpus import PRIOR_SCALE, CorpusDrafter
-from edgespec.errors import HeadError
+from edgespec.errors import ConfigError, HeadError
 from edgespec.heads.corpus import NgramTable, context_hash, load_corpus, read_sources, save_corpus
 from edgespec.targets.cost import CostCurve
 from edgespec.verify import Accepted
@@ -90,8 +90,11 @@ def test_saved_and_loaded_it_is_the_same_table_and_refuses_another_model(target,
     assert c.table.guess(out[:10]) is not None
     with pytest.raises(HeadError, match="fingerprint .* its n-grams are another model's"):
         load_corpus(oracle_dir, other)
+    (oracle_dir / "corpus.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(HeadError, match="corpus.safetensors is missing, damaged"):
+        load_corpus(oracle_dir)
     (oracle_dir / "config.json").write_text(json.dumps({"edgespec": {"kind": "eagle3"}}))
-    with pytest.raises(HeadError, match="is not a corpus written by `edgespec train corpus`"):
+    with pytest.raises(HeadError, match="names kind 'eagle3', not 'corpus'"):
         load_corpus(oracle_dir)
 
 
@@ -146,11 +149,13 @@ def test_the_method_finds_a_corpus_for_its_model_only(target, other, oracle_dir,
     assert Engine(target, drafter).generate(ids, max_tokens=32).token_ids == plain
     auto = make_drafter(SpecConfig(method="auto"), target)
     assert "corpus" in auto.arms and "lookup" not in auto.arms  # corpus proposes lookup's branch
-    with pytest.raises(Exception, match="needs a trained corpus head and none was found"):
+    with pytest.raises(ConfigError, match="needs a trained corpus head and none was found"):
         make_drafter(SpecConfig(method="corpus"), other)
     with pytest.raises(HeadError, match="another model's"):
         registry.heads_for(other, str(oracle_dir))
     assert registry.heads_for(target, str(oracle_dir)) == {"corpus"}
+    with pytest.raises(ConfigError, match="is a corpus; method 'eagle3' needs an eagle3 head"):
+        make_drafter(SpecConfig(method="eagle3", head=str(oracle_dir)), target)
 
 
 def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
@@ -165,6 +170,8 @@ def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
     assert interactive_method(None, target) == "corpus"
     assert interactive_method("some-draft", target) == "draft"
     assert interactive_method(None) == "lookup"  # before a model is loaded
+    assert interactive_method(None, head=str(oracle_dir)) == "corpus"  # --head names its kind
+    assert ServerSettings(model="x", spec_options={"head": str(oracle_dir)}).default_method() == "corpus"
     assert ServerSettings(model="x").default_method(target) == "corpus"
     assert ServerSettings(model="x", method="lookup").default_method(target) == "lookup"
     with LLM(target, progress=False) as llm:
@@ -205,6 +212,6 @@ def test_random_tables_give_valid_trees_within_the_budget():
         d.prefill(rng.integers(0, 8, rng.integers(1, 12)).tolist(), None)
         budget = int(rng.integers(0, 12))
         tree = d.propose(budget)  # DraftTree itself checks that parents precede children
-        assert tree.num_drafted <= 2 * budget  # lookup's branch and the table's nodes, each within it
+        assert tree.num_drafted <= budget  # lookup's branch and the table's nodes together
         assert len(d.proposed) <= budget
         assert len({p for p, _ in d.proposed}) == len(d.proposed)

@@ -35,7 +35,9 @@ from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.medusa import MedusaDrafter
 from edgespec.heads.corpus import NgramTable
+from edgespec.targets.cost import CostCurve
 from edgespec.sampling import probs, sample
+from edgespec.tree import DraftTree
 from edgespec.verify import Accepted
 
 from .test_eagle3 import OracleHead
@@ -122,16 +124,28 @@ DRAFTERS = {  # for a 2-layer target
     "auto": spec("auto", draft="-"),
     "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
     "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
-    "corpus": lambda target, draft, s: greedy_corpus(target),
+    "corpus": lambda target, draft, s: greedy_corpus(target, CorpusDrafter),
+    "corpus-table": lambda target, draft, s: greedy_corpus(target, TableOnly),
 }
 
 
-def greedy_corpus(target):
+class TableOnly(CorpusDrafter):
+    """The corpus drafter without lookup's branch: with 2 drafts a step, its table's runner-up
+    then gets a place beside the likeliest token (lookup's branch would take it)."""
+
+    def lookup_tree(self, budget):
+        return DraftTree.chain(self.index.tokens[-1], [])
+
+
+def greedy_corpus(target, kind):
     """A corpus drafter whose table holds the target's greedy continuation of the test's prompt
-    (the prompt itself is lookup's material): it guesses what the target says most often."""
+    (the prompt itself is lookup's material) and random text after the same context, so its
+    tree has runners-up beside the target's likeliest tokens; on a flat cost curve."""
     ids = prompt_ids(target)
     seq = ids + Engine(target).generate(ids, max_tokens=2 * L).token_ids
-    return CorpusDrafter(NgramTable([np.array(seq[len(ids) - 4 :])]), None)
+    noise = np.random.default_rng(0).integers(0, target.args.vocab_size, 2 * L)
+    docs = [np.array(seq[len(ids) - 4 :]), np.r_[seq[len(ids) - 4 : len(ids)], noise]]
+    return kind(NgramTable(docs), CostCurve((1, 64), (10.0, 10.5)))
 
 
 def greedy_head(target, draft, sampling, kind: str):

@@ -17,7 +17,9 @@ from edgespec.cli import main
 from edgespec.heads.corpus import load_corpus, read_sources
 from edgespec.heads.formats import load_head
 from edgespec.training import clock, trainer
-from edgespec.training.recipe import run
+from edgespec.training.prompts import TrainingDataError
+from edgespec.training.recipe import phase_corpus, run
+from edgespec.training.settings import settings_from
 from edgespec.training.settings import TrainSettings
 
 MT_BENCH_PROMPT = ("Compose an engaging travel blog post about a recent trip to Hawaii, "
@@ -116,10 +118,16 @@ def test_a_corpus_is_the_answers_and_gains_one_source_per_run(model_dir, data, t
     code, text = invoke("train", "corpus", "--model", model_dir, "--data", data, "--out", out, *SMALL)
     assert code == 0, text  # the same source again replaces its documents
     assert [s["documents"] for s in read_sources(out)[1]["sources"]] == [6, 1]
-    # another model's corpus at --out is not mixed into
+    # another model's corpus at --out is not mixed into, nor is a head's folder: said at once
     other = tiny_models.path(layers=4, seed=5)
     code, text = invoke("train", "corpus", "--model", other, "--data", data, "--out", out, *SMALL)
-    assert code != 0 and "another model's" in text
+    assert code != 0 and "another model's" in text and str(out) in text
+    assert "work dir" not in text  # refused before the run began (its first line names it)
+    code, text = invoke("train", "eagle3", "--model", model_dir, "--data", data, "--out", out, *SMALL)
+    assert code != 0 and "holds a corpus; pass another --out" in text
+    with pytest.raises(TrainingDataError, match="no answer tokens"):
+        phase_corpus(settings_from("corpus", {"out": str(tmp_path / "empty")}), target,
+                     [{"answer": []}])
 
 
 def test_a_budget_stop_then_resume_gives_the_uninterrupted_head(model_dir, data, tmp_path, monkeypatch):

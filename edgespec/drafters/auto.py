@@ -10,8 +10,9 @@ Each arm is tried first, then the best is taken. An arm not taken for ``retry`` 
 once more, since its value is stale and a few unlucky steps would otherwise shut out a drafter
 that pays; an arm far behind the best (under ``margin`` of its value) waits twice as long
 before each further retry, up to ``max_wait`` steps, so a drafter that does not pay costs at
-most about one step in ``max_wait``. An arm whose own step was far behind the best other arm on ``retire`` pulls in a row (with the
-waits doubling, some 30 steps of evidence by default) is retired for the engine's life: it is
+most about one step in ``max_wait``. An arm whose own step was far behind the best other
+(unretired) arm on ``retire`` pulls in a row (with the waits doubling, some 30 steps of
+evidence by default) is retired for the engine's life: it is
 neither taken nor kept in step any more, and from the next request on its needs (EAGLE-3's
 target features, its prefill over the prompt) cost nothing (the demo model's EAGLE-3 arm,
 never taken, still cost auto ~7% through them: 1.07x against 1.15x without it, 8 MT-bench
@@ -142,7 +143,8 @@ class AutoDrafter(Drafter):
         # retiring looks at this step's own rate against the best OTHER arm (what would run
         # instead): one good step clears an unlucky start, and the best arm's slower steps,
         # still ahead of every alternative, do not count against it
-        others = [v for n, v in self.value.items() if v is not None and n != self.current]
+        others = [v for n, v in self.value.items()
+                  if v is not None and n != self.current and n not in self.retired]
         now_behind = bool(others) and committed / elapsed < self.margin * max(others)
         self.behind[self.current] = self.behind[self.current] + 1 if now_behind else 0
         if self.current != PLAIN and self.behind[self.current] >= self.retire:

@@ -16,8 +16,9 @@ sure; the prior is ``PRIOR_SCALE``, from replaying held-out training answers, no
 prompts). On a nearly flat curve a long chain and its runners-up are cheap; on a steep one the
 tree is cut to its likeliest nodes.
 
-A lookup match longer than ``LOOKUP_ONLY`` tokens is left to lookup alone (it is then right
-more often than the table). Deterministic proposals: the tree carries no ``q``, so the verifier
+A lookup match of ``SURE_MATCH`` (3) tokens or more is left to lookup alone (it is then right
+more often than the table). The table's nodes come on top of lookup's branch: together they stay
+within the step's budget, and the curve is read after lookup's nodes. Deterministic proposals: the tree carries no ``q``, so the verifier
 treats every branch as a one-hot proposal, lossless for greedy and sampling alike (as lookup).
 """
 
@@ -33,7 +34,6 @@ from .lookup import PromptLookupDrafter
 PRIOR_SCALE = 0.6  # confirmed / predicted on held-out training answers (scripts/lookup_sim.py)
 PRIOR_WEIGHT = 10.0  # the prior counts as this many predicted tokens
 DECAY = 0.99  # per tested chain token: the calibration follows the text at hand
-LOOKUP_ONLY = 2
 
 
 class CorpusDrafter(PromptLookupDrafter):
@@ -44,6 +44,7 @@ class CorpusDrafter(PromptLookupDrafter):
         self.table, self.curve, self.max_chain, self.width = table, curve, max_chain, width
         self.confirmed, self.predicted = PRIOR_SCALE * PRIOR_WEIGHT, PRIOR_WEIGHT
         self.proposed: list[tuple[tuple[int, ...], float]] = []  # (path from the root, share)
+        self.branch: list[int] = []  # lookup's deepest branch in the last proposal
         super().__init__(num_draft=num_draft, max_draft=max_draft)
 
     @property
@@ -57,10 +58,10 @@ class CorpusDrafter(PromptLookupDrafter):
         runners-up (siblings, up to ``width`` per depth), most likely first; a node's chance is
         its parent's times its own calibrated share, so a parent always comes before its
         children."""
-        history, nodes = list(self.index.tokens), []
-        path, chance = (), 1.0
+        context = self.index.tokens[-self.table.max_context :]
+        nodes, path, chance = [], (), 1.0
         while len(path) < min(self.max_chain, budget):
-            found = self.table.guesses(history + list(path))
+            found = self.table.guesses((context + list(path))[-self.table.max_context :])
             if not found:
                 break
             for tok, share in found[1 : self.width]:
@@ -72,15 +73,22 @@ class CorpusDrafter(PromptLookupDrafter):
         nodes.sort(key=lambda n: (-n[0], len(n[1])))
         return nodes[:budget]
 
+    def lookup_tree(self, budget: int) -> DraftTree:
+        """Prompt lookup's proposal, which the table's nodes join."""
+        return super().propose(budget)
+
     def propose(self, budget: int) -> DraftTree:
-        base = super().propose(budget)
+        base = self.lookup_tree(budget)
+        self.branch = _deepest(base)
         self.proposed = []
         match, _ = self.index.continuations(1)
-        if budget <= 0 or match > LOOKUP_ONLY:
+        room = budget - base.num_drafted  # the table's nodes come on top of lookup's
+        if room <= 0 or match >= self.SURE_MATCH:
             return base
-        nodes = self._candidates(budget)
+        nodes = self._candidates(room)
         if self.curve is not None and nodes:
-            nodes = nodes[: best_budget([c for c, _, _ in nodes], self.curve).nodes]
+            after_lookup = _Shifted(self.curve, base.num_drafted)
+            nodes = nodes[: best_budget([c for c, _, _ in nodes], after_lookup).nodes]
         if not nodes:
             return base
         self.proposed = [(path, share) for _, path, share in nodes]
@@ -100,5 +108,25 @@ class CorpusDrafter(PromptLookupDrafter):
                 continue  # untested: the target left this node's path before it
             self.confirmed = DECAY * self.confirmed + (committed[d - 1] == path[-1])
             self.predicted = DECAY * self.predicted + share
-        self.proposed = []
-        super().update(accepted, tree, target_out)
+        if self.branch:  # lookup's streak counts lookup's own branch, not the table's nodes
+            self.observe(full=list(committed[: len(self.branch)]) == self.branch)
+        self.proposed, self.branch = [], []
+        self.index.extend(committed)
+
+
+class _Shifted:
+    """A cost curve seen after ``extra`` nodes already in the tree (lookup's branch)."""
+
+    def __init__(self, curve: CostCurve, extra: int):
+        self.curve, self.extra = curve, extra
+
+    def ms(self, n: int) -> float:
+        return self.curve.ms(n + self.extra)
+
+
+def _deepest(tree: DraftTree) -> list[int]:
+    """The tokens of the deepest branch of ``tree`` (empty when it drafts nothing)."""
+    if not tree.num_drafted:
+        return []
+    leaf = max(tree.leaves(), key=lambda u: len(tree.path_to(u)))
+    return [tree.tokens[u] for u in tree.path_to(leaf)[1:]]

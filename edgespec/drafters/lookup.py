@@ -141,6 +141,9 @@ class PromptLookupDrafter(Drafter):
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if tree.num_drafted:
             deepest = max(len(tree.path_to(leaf)) - 1 for leaf in tree.leaves())
-            full = accepted.num_accepted >= deepest
-            self.streak = min(self.streak + 1, 4) if full else max(0, self.streak - 1)
+            self.observe(full=accepted.num_accepted >= deepest)
         self.index.extend(accepted.tokens)
+
+    def observe(self, full: bool) -> None:
+        """Count a step that proposed a branch: its whole best branch was accepted, or not."""
+        self.streak = min(self.streak + 1, 4) if full else max(0, self.streak - 1)

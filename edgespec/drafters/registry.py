@@ -41,7 +41,7 @@ class Method:
     build: Builder
     reads: tuple[str, ...] = ()  # the SpecConfig fields ``build`` (and ``arm``) read
     needs_draft: bool = False  # a separate draft model (--draft REF)
-    needs_head: bool = False  # a trained head network (EAGLE-3 / Medusa) of its own name's kind
+    needs_head: bool = False  # a trained head (EAGLE-3 / Medusa) or corpus of its own name's kind
     arm: Builder | None = None  # how ``auto`` builds it as an arm; None: not one of its arms
 
     def available(self, draft: object = None, heads: Collection[str] = ()) -> bool:
@@ -163,6 +163,15 @@ def _corpus(spec, target, sampling, draft):
                          num_draft=spec.num_draft, max_draft=spec.max_draft)
 
 
+def _corpus_arm(spec, target, sampling, draft):
+    from ..targets.cost import verify_cost_curve
+    from .corpus import CorpusDrafter
+
+    _, table = load_head_for(spec, target, "corpus")  # lookup's longer start length, as its arm
+    return CorpusDrafter(table, verify_cost_curve(target) if spec.adaptive else None,
+                         max_draft=spec.max_draft)
+
+
 def _medusa(spec, target, sampling, draft):
     from ..targets.cost import verify_cost_curve
     from .medusa import MedusaDrafter
@@ -208,6 +217,19 @@ def _load(path, target) -> tuple[str, object]:
     return config.kind, module
 
 
+def _kind(path, target) -> str:
+    """The kind of the head folder ``path``, checked against ``target`` (a corpus by its config
+    alone: its table is counted only when a drafter needs it)."""
+    from ..heads.corpus import check_corpus, corpus_section
+    from ..heads.find import head_kind
+    from ..heads.formats import load_head
+
+    if head_kind(path) == "corpus":
+        check_corpus(corpus_section(path), target)
+        return "corpus"
+    return load_head(path, target)[0].kind
+
+
 def load_head_for(spec, target, kind: str):
     """(path, module) of ``spec.head``, else of the head ``find_head`` finds for ``target``;
     ConfigError naming the model and ``edgespec train`` when there is none. Loaded once per
@@ -228,9 +250,12 @@ def load_head_for(spec, target, kind: str):
         _head_kinds.setdefault(target, {})[key] = loaded[key][0]
     have, module = loaded[key]
     if have != kind:
-        raise ConfigError(f"head {str(path)!r} is a {have} head; method {kind!r} "
-                          f"needs a {kind} head")
+        raise ConfigError(f"head {str(path)!r} is {_a(have)}; method {kind!r} needs {_a(kind)}")
     return path, module
+
+
+def _a(kind: str) -> str:
+    return "a corpus" if kind == "corpus" else f"an {kind} head" if kind[0] in "aeiou" else f"a {kind} head"
 
 
 def heads_for(target, head: str | None = None) -> frozenset[str]:
@@ -245,7 +270,7 @@ def heads_for(target, head: str | None = None) -> frozenset[str]:
         known = _head_kinds.setdefault(target, {})
         key = _head_key(path)
         if key not in known:
-            known[key] = _load(path, target)[0]
+            known[key] = _kind(path, target)
         return frozenset(k for k in kinds if k == known[key])
     return frozenset(k for k in kinds if find_head(target, k) is not None)
 
@@ -289,9 +314,10 @@ METHODS: tuple[Method, ...] = (
            _medusa, reads=("head", *_LENGTH), needs_head=True),
     Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "
            "`edgespec train corpus`", _corpus, reads=("head", *_LENGTH), needs_head=True,
-           arm=_corpus),
-    Method("auto", "a bandit over plain decoding, lookup, the draft model, an EAGLE-3 head and a "
-           "corpus, by measured speed", _auto, reads=("draft", "head", *_LENGTH)),
+           arm=_corpus_arm),
+    Method("auto", "a bandit over plain decoding, lookup (or the corpus, when the model has one), "
+           "the draft model and an EAGLE-3 head, by measured speed", _auto,
+           reads=("draft", "head", *_LENGTH)),
 )
 
 NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)

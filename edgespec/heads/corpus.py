@@ -44,8 +44,8 @@ def context_hash(tokens) -> int:
 
 
 class NgramTable:
-    """For each context of 1..``max_context`` tokens: the token that followed it most often, and
-    that token's share of the context's occurrences."""
+    """For each context of 1..``max_context`` tokens: the ``TOP`` tokens that followed it most
+    often, and their shares of the context's occurrences."""
 
     def __init__(self, documents: list[np.ndarray], max_context: int = MAX_CONTEXT):
         self.max_context = max_context
@@ -111,7 +111,8 @@ class Corpus:
 
     def __init__(self, sources: dict[str, list[np.ndarray]], section: dict):
         self.sources, self.section = sources, section
-        self.table = NgramTable([d for docs in sources.values() for d in docs])
+        self.table = NgramTable([d for docs in sources.values() for d in docs],
+                                int(section.get("max_context", MAX_CONTEXT)))
 
 
 def _documents(tokens: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
@@ -141,22 +142,27 @@ def save_corpus(path, target, sources: dict[str, list[list[int]]], recipe: dict 
 
 
 def read_sources(path) -> tuple[dict[str, list[np.ndarray]], dict]:
-    """(source name -> documents, config section) of the corpus at ``path``; HeadError if it is
-    not one."""
+    """(source name -> documents, config section) of the corpus at ``path``; HeadError naming
+    the folder and what is wrong if it is not one."""
     path = Path(path)
+    what = f"{str(path)!r} is not a corpus written by `edgespec train corpus`"
     try:
         section = json.loads((path / "config.json").read_text())["edgespec"]
-        assert section["kind"] == "corpus"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HeadError(f"{what}: its config.json has no edgespec section ({type(e).__name__}: {e})") from None
+    kind = section.get("kind") if isinstance(section, dict) else None
+    if kind != "corpus":
+        raise HeadError(f"{what}: its config.json names kind {kind!r}, not 'corpus'")
+    try:
         arrays = mx.load(str(path / FILE))
         sources = {}
         for i, s in enumerate(section["sources"]):
             tokens = np.array(arrays[f"tokens/{i}"]).astype(np.int64)
             offsets = np.array(arrays[f"offsets/{i}"]).astype(np.int64)
             sources[s["name"]] = _documents(tokens, offsets)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
-        raise HeadError(f"{str(path)!r} is not a corpus written by `edgespec train corpus` "
-                        f"(config.json with an edgespec section of kind 'corpus' and {FILE}): "
-                        f"{type(e).__name__}: {e}") from None
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise HeadError(f"{what}: {FILE} is missing, damaged or does not match config.json "
+                        f"({type(e).__name__}: {e})") from None
     return sources, section
 
 
@@ -166,6 +172,18 @@ def load_corpus(path, target=None) -> Corpus:
     if target is not None:
         check_corpus(section, target)
     return Corpus(sources, section)
+
+
+def corpus_section(path) -> dict:
+    """The config section of the corpus at ``path`` (its documents are not read); HeadError if
+    it names another kind."""
+    try:
+        section = json.loads((Path(path) / "config.json").read_text())["edgespec"]
+    except (OSError, ValueError, KeyError, TypeError):
+        section = None
+    if not isinstance(section, dict) or section.get("kind") != "corpus":
+        raise HeadError(f"{str(path)!r} is not a corpus written by `edgespec train corpus`")
+    return section
 
 
 def check_corpus(section: dict, target) -> None:

@@ -29,9 +29,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, HeadError
 from ..heads.config import HeadConfig, fingerprint
-from ..heads.corpus import NgramTable, check_corpus, read_sources, save_corpus
+from ..heads.corpus import NgramTable, check_corpus, corpus_section, read_sources, save_corpus
+from ..heads.find import head_kind
 from ..heads.eagle3 import Eagle3Head
 from ..heads.formats import load_head, save_head
 from ..heads.medusa import MedusaHeads, target_lm_head_rows
@@ -91,6 +92,7 @@ def run(s: TrainSettings, log: Callable[[str], None] = print) -> dict:
         raise TrainingDataError(f"--data {s.data}: no such file; give a jsonl file of prompts")
     model_dir = resolve_model(s.model)
     target = load_target(model_dir, dtype="float32")
+    _check_out(s, target)
     fp = fingerprint(target)
     folder = work_dir(s, fp)
     _check_manifest(folder, {"target": fp, "source": source_name(s), "answer_tokens": s.answer_tokens})
@@ -120,7 +122,7 @@ def run(s: TrainSettings, log: Callable[[str], None] = print) -> dict:
         return _stopped(report, "answers", log)
     if s.kind == "corpus":
         earlier = _earlier_corpus_runs(Path(s.out))
-        report["corpus"] = clock.timed("save", lambda: phase_corpus(s, target, answers, report))
+        report["corpus"] = clock.timed("save", lambda: phase_corpus(s, target, answers))
         report["status"] = "done"
         report["earlier_runs"] = earlier
         (Path(s.out) / "recipe.json").write_text(json.dumps(report, indent=1))
@@ -201,16 +203,35 @@ def phase_answers(s: TrainSettings, target, folder: Path, questions: list[dict],
     return answers, counts
 
 
-def phase_corpus(s: TrainSettings, target, answers: list[dict], report: dict) -> dict:
+def _check_out(s: TrainSettings, target) -> None:
+    """Before any work: ``--out`` must not hold another kind of head, nor a corpus of another
+    model (a corpus run adds to a corpus of the same model there)."""
+    out = Path(s.out)
+    if not (out / "config.json").is_file():
+        return
+    have = head_kind(out)
+    if have is not None and have != s.kind:
+        what = "a corpus" if have == "corpus" else f"a {have} head"
+        raise ConfigError(f"--out {out} holds {what}; pass another --out for this {s.kind} run")
+    if s.kind == "corpus":
+        try:
+            check_corpus(corpus_section(out), target)
+        except HeadError as e:
+            raise ConfigError(f"--out {out}: {e}; pass another --out") from None
+
+
+def phase_corpus(s: TrainSettings, target, answers: list[dict]) -> dict:
     """The answers' token ids as this source's documents in the corpus at ``s.out`` (a corpus
     there for the same target keeps its other sources; this source's earlier documents are
     replaced); its held-out top-1 agreement is measured on a split of this source."""
     out, name = Path(s.out), source_name(s)
     sources = {}
-    if (out / "config.json").is_file():
-        sources, section = read_sources(out)
-        check_corpus(section, target)
+    if (out / "config.json").is_file():  # a corpus of this model (``_check_out``)
+        sources, _ = read_sources(out)
     docs = [list(r["answer"]) for r in answers if r["answer"]]
+    if not docs:
+        raise TrainingDataError(f"the model wrote no answer tokens for the {len(answers)} prompts "
+                                f"of {name}: nothing to count into a corpus")
     sources[name] = docs
     held = max(1, round(len(docs) * s.held_out)) if len(docs) > 1 else 0
     rng = np.random.default_rng(s.seed)

@@ -43,10 +43,10 @@ def _help(text: str, **extra) -> dict:
 class TrainSettings:
     """Everything ``edgespec train`` does, with the defaults used for the shipped heads."""
 
-    kind: str = field(default="eagle3", metadata=_help("head kind", choices=KINDS))
+    kind: str = field(default="eagle3", metadata=_help("head kind, or corpus", choices=KINDS))
     model: str = field(default="demo", metadata=_help("target: HF repo id, model dir, .gguf or 'demo'"))
-    out: str | None = field(default=None, metadata=_help("folder the trained head is written to",
-                                                         required=True))
+    out: str | None = field(default=None, metadata=_help(
+        "folder the head (or corpus) is written to", required=True))
     data: str | None = field(default=None, metadata=_help(
         "jsonl of prompts: {prompt}, {messages}, {conversations} or {turns} records; default: "
         "questions written by the model itself (Magpie)"))
