@@ -161,7 +161,7 @@ def corpus_table(path: str):
 
     if path.endswith(".jsonl"):
         return NgramTable([np.array(r["output"]) for r in read_records(path)])
-    return load_corpus(path).table
+    return load_corpus(path)
 
 
 def main() -> None:

@@ -85,9 +85,9 @@ def oracle_dir(target, tmp_path):
 def test_saved_and_loaded_it_is_the_same_table_and_refuses_another_model(target, other, oracle_dir):
     sources, section = read_sources(oracle_dir)
     assert section["kind"] == "corpus" and section["sources"][0]["documents"] == 3
-    c = load_corpus(oracle_dir, target)
+    table = load_corpus(oracle_dir, target)
     ids, out = greedy(target, PROMPT, 48)
-    assert c.table.guess(out[:10]) is not None
+    assert table.guess(out[:10]) is not None
     with pytest.raises(HeadError, match="fingerprint .* its n-grams are another model's"):
         load_corpus(oracle_dir, other)
     (oracle_dir / "corpus.safetensors").write_bytes(b"not safetensors")
@@ -100,7 +100,7 @@ def test_saved_and_loaded_it_is_the_same_table_and_refuses_another_model(target,
 
 def test_greedy_is_exact_and_the_oracle_corpus_is_accepted(target, oracle_dir):
     ids, plain = greedy(target, PROMPT, 48)
-    table = load_corpus(oracle_dir, target).table
+    table = load_corpus(oracle_dir, target)
     res = Engine(target, CorpusDrafter(table, FLAT)).generate(ids, max_tokens=48)
     assert res.token_ids == plain
     assert res.stats.accepted > 0.8 * res.stats.proposed > 0

@@ -35,7 +35,7 @@ def test_shipped_head_is_found_and_small(demo, kind):
     path = find_head(demo, kind)
     assert path is not None and Path(path).resolve() == (SHIPPED / kind).resolve()
     if kind == "corpus":
-        assert load_corpus(path, demo).table.tokens > 100_000
+        assert load_corpus(path, demo).tokens > 100_000
     else:
         config, _ = load_head(path, demo)
         assert config.kind == kind

@@ -108,7 +108,7 @@ def test_a_corpus_is_the_answers_and_gains_one_source_per_run(model_dir, data, t
     c = recipe["corpus"]
     assert c["documents"] == 6 and c["tokens"] == 6 * 16 and c["held_out_documents"] == 2
     assert 0 <= c["held_out_top1"] <= 1
-    assert load_corpus(out, target).table.tokens == 6 * 16
+    assert load_corpus(out, target).tokens == 6 * 16
     more = tmp_path / "more.jsonl"
     more.write_text(json.dumps({"prompt": "Name a blue flower."}) + "\n")
     code, text = invoke("train", "corpus", "--model", model_dir, "--data", more, "--out", out, *SMALL)

@@ -18,8 +18,9 @@ tree is cut to its likeliest nodes.
 
 A lookup match of ``SURE_MATCH`` (3) tokens or more is left to lookup alone (it is then right
 more often than the table). The table's nodes come on top of lookup's branch: together they stay
-within the step's budget, and the curve is read after lookup's nodes. Deterministic proposals: the tree carries no ``q``, so the verifier
-treats every branch as a one-hot proposal, lossless for greedy and sampling alike (as lookup).
+within the step's budget, and the curve is read after lookup's nodes. Deterministic proposals:
+the tree carries no ``q``, so the verifier treats every branch as a one-hot proposal, lossless
+for greedy and sampling alike (as lookup).
 """
 
 from __future__ import annotations
@@ -81,14 +82,13 @@ class CorpusDrafter(PromptLookupDrafter):
         base = self.lookup_tree(budget)
         self.branch = _deepest(base)
         self.proposed = []
-        match, _ = self.index.continuations(1)
         room = budget - base.num_drafted  # the table's nodes come on top of lookup's
-        if room <= 0 or match >= self.SURE_MATCH:
+        if room <= 0 or self.confident():  # a long match: lookup alone
             return base
         nodes = self._candidates(room)
         if self.curve is not None and nodes:
-            after_lookup = _Shifted(self.curve, base.num_drafted)
-            nodes = nodes[: best_budget([c for c, _, _ in nodes], after_lookup).nodes]
+            keep = best_budget([c for c, _, _ in nodes], self.curve, in_tree=base.num_drafted)
+            nodes = nodes[: keep.nodes]
         if not nodes:
             return base
         self.proposed = [(path, share) for _, path, share in nodes]
@@ -112,16 +112,6 @@ class CorpusDrafter(PromptLookupDrafter):
             self.observe(full=list(committed[: len(self.branch)]) == self.branch)
         self.proposed, self.branch = [], []
         self.index.extend(committed)
-
-
-class _Shifted:
-    """A cost curve seen after ``extra`` nodes already in the tree (lookup's branch)."""
-
-    def __init__(self, curve: CostCurve, extra: int):
-        self.curve, self.extra = curve, extra
-
-    def ms(self, n: int) -> float:
-        return self.curve.ms(n + self.extra)
 
 
 def _deepest(tree: DraftTree) -> list[int]:

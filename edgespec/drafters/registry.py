@@ -157,21 +157,20 @@ def _eagle3(spec, target, sampling, draft):
 
 
 def _corpus(spec, target, sampling, draft):
+    return _corpus_drafter(spec, target, num_draft=spec.num_draft)
+
+
+def _corpus_arm(spec, target, sampling, draft):
+    return _corpus_drafter(spec, target)  # lookup's longer start length, as its arm has
+
+
+def _corpus_drafter(spec, target, **length):
     from ..targets.cost import verify_cost_curve
     from .corpus import CorpusDrafter
 
     _, table = load_head_for(spec, target, "corpus")
     return CorpusDrafter(table, verify_cost_curve(target) if spec.adaptive else None,
-                         num_draft=spec.num_draft, max_draft=spec.max_draft)
-
-
-def _corpus_arm(spec, target, sampling, draft):
-    from ..targets.cost import verify_cost_curve
-    from .corpus import CorpusDrafter
-
-    _, table = load_head_for(spec, target, "corpus")  # lookup's longer start length, as its arm
-    return CorpusDrafter(table, verify_cost_curve(target) if spec.adaptive else None,
-                         max_draft=spec.max_draft)
+                         max_draft=spec.max_draft, **length)
 
 
 def _medusa(spec, target, sampling, draft):
@@ -214,7 +213,7 @@ def _load(path, target) -> tuple[str, object]:
     from ..heads.formats import load_head
 
     if head_kind(path) == "corpus":
-        return "corpus", load_corpus(path, target).table
+        return "corpus", load_corpus(path, target)
     config, module = load_head(path, target)
     return config.kind, module
 
@@ -236,7 +235,7 @@ def load_head_for(spec, target, kind: str):
     """(path, module) of ``spec.head``, else of the head ``find_head`` finds for ``target``;
     ConfigError naming the model and ``edgespec train`` when there is none. Loaded once per
     (path, modification time) and target."""
-    from ..heads import find_head
+    from ..heads.find import a_head, find_head
 
     path = spec.head if spec.head is not None else find_head(target, kind)
     if path is None:
@@ -252,12 +251,9 @@ def load_head_for(spec, target, kind: str):
         _head_kinds.setdefault(target, {})[key] = loaded[key][0]
     have, module = loaded[key]
     if have != kind:
-        raise ConfigError(f"head {str(path)!r} is {_a(have)}; method {kind!r} needs {_a(kind)}")
+        raise ConfigError(f"head {str(path)!r} is {a_head(have)}; method {kind!r} needs "
+                          f"{a_head(kind)}")
     return path, module
-
-
-def _a(kind: str) -> str:
-    return "a corpus" if kind == "corpus" else f"an {kind} head" if kind[0] in "aeiou" else f"a {kind} head"
 
 
 def heads_for(target, head: str | None = None) -> frozenset[str]:

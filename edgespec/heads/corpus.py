@@ -9,7 +9,7 @@ first of them, or None. Contexts are stored as 64-bit hashes
 in a sorted array, looked up by binary search: a hash collision can only make a draft wrong, and
 a wrong draft is rejected by the verifier, so the output never depends on it.
 
-On disk (``save_corpus`` / ``load_corpus``) a corpus is the answers' token ids, not the table:
+On disk (``save_corpus``; ``load_corpus`` counts its table) a corpus is the answers' token ids:
 ``corpus.safetensors`` holds ``tokens/<i>`` and ``offsets/<i>`` per source ``i`` (one source per
 ``edgespec train corpus`` run: its prompts' origin), and ``config.json`` an ``edgespec`` section
 with kind ``corpus``, the target's fingerprint and vocabulary size, and the sources. The table is
@@ -106,15 +106,6 @@ class NgramTable:
         return found[0] if found else None
 
 
-class Corpus:
-    """A loaded corpus: its sources' documents, the table over all of them, its config section."""
-
-    def __init__(self, sources: dict[str, list[np.ndarray]], section: dict):
-        self.sources, self.section = sources, section
-        self.table = NgramTable([d for docs in sources.values() for d in docs],
-                                int(section.get("max_context", MAX_CONTEXT)))
-
-
 def _documents(tokens: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
     return [tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
@@ -145,14 +136,7 @@ def read_sources(path) -> tuple[dict[str, list[np.ndarray]], dict]:
     """(source name -> documents, config section) of the corpus at ``path``; HeadError naming
     the folder and what is wrong if it is not one."""
     path = Path(path)
-    what = f"{str(path)!r} is not a corpus written by `edgespec train corpus`"
-    try:
-        section = json.loads((path / "config.json").read_text())["edgespec"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise HeadError(f"{what}: its config.json has no edgespec section ({type(e).__name__}: {e})") from None
-    kind = section.get("kind") if isinstance(section, dict) else None
-    if kind != "corpus":
-        raise HeadError(f"{what}: its config.json names kind {kind!r}, not 'corpus'")
+    section = corpus_section(path)
     try:
         arrays = mx.load(str(path / FILE))
         sources = {}
@@ -161,29 +145,37 @@ def read_sources(path) -> tuple[dict[str, list[np.ndarray]], dict]:
             offsets = np.array(arrays[f"offsets/{i}"]).astype(np.int64)
             sources[s["name"]] = _documents(tokens, offsets)
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise HeadError(f"{what}: {FILE} is missing, damaged or does not match config.json "
-                        f"({type(e).__name__}: {e})") from None
+        raise HeadError(f"{_not_one(path)}: {FILE} is missing, damaged or does not match "
+                        f"config.json ({type(e).__name__}: {e})") from None
     return sources, section
 
 
-def load_corpus(path, target=None) -> Corpus:
-    """The corpus at ``path``; with ``target``, HeadError unless it was made for that target."""
+def load_corpus(path, target=None) -> NgramTable:
+    """The table of the corpus at ``path``; with ``target``, HeadError unless it was made for
+    that target."""
     sources, section = read_sources(path)
     if target is not None:
         check_corpus(section, target)
-    return Corpus(sources, section)
+    return NgramTable([d for docs in sources.values() for d in docs],
+                      int(section.get("max_context", MAX_CONTEXT)))
 
 
 def corpus_section(path) -> dict:
-    """The config section of the corpus at ``path`` (its documents are not read); HeadError if
-    it names another kind."""
+    """The config section of the corpus at ``path`` (its documents are not read); HeadError
+    naming the folder and what is wrong if it is not one."""
     try:
         section = json.loads((Path(path) / "config.json").read_text())["edgespec"]
-    except (OSError, ValueError, KeyError, TypeError):
-        section = None
-    if not isinstance(section, dict) or section.get("kind") != "corpus":
-        raise HeadError(f"{str(path)!r} is not a corpus written by `edgespec train corpus`")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HeadError(f"{_not_one(path)}: its config.json has no edgespec section "
+                        f"({type(e).__name__}: {e})") from None
+    kind = section.get("kind") if isinstance(section, dict) else None
+    if kind != "corpus":
+        raise HeadError(f"{_not_one(path)}: its config.json names kind {kind!r}, not 'corpus'")
     return section
+
+
+def _not_one(path) -> str:
+    return f"{str(path)!r} is not a corpus written by `edgespec train corpus`"
 
 
 def check_corpus(section: dict, target) -> None:

@@ -52,3 +52,10 @@ def head_kind(head_dir) -> str | None:
     """The kind a head folder's config.json names in its edgespec section (None: none named;
     published EAGLE-3 and Medusa checkpoints name none)."""
     return _section(Path(head_dir)).get("kind")
+
+
+def a_head(kind: str) -> str:
+    """``kind`` named in a sentence: 'a corpus', 'an eagle3 head', 'a medusa head'."""
+    if kind == "corpus":
+        return "a corpus"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} head"

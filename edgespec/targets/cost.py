@@ -77,13 +77,15 @@ class Budget:
 
 
 def best_budget(path_probs, curve: CostCurve, draft_ms: float = 0.0,
-                limit: int = MAX_NODES - 1) -> Budget:
+                limit: int = MAX_NODES - 1, in_tree: int = 0) -> Budget:
     """The number of nodes (the first ones of ``path_probs``, sorted in decreasing order, each a
     node's calibrated probability of being accepted) maximising expected committed tokens per ms:
-    (1 + sum of the first N) / (draft_ms + curve.ms(N + 1)); N = 0 (plain decoding) included."""
+    (1 + sum of the first N) / (draft_ms + curve.ms(N + 1 + in_tree)); N = 0 (plain decoding)
+    included. ``in_tree``: drafted nodes the tree holds already (another drafter's), which the
+    forward scores too."""
     p = np.asarray(path_probs, dtype=np.float64)[:limit]
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
-    cost = draft_ms + np.array([curve.ms(n + 1) for n in range(len(p) + 1)])
+    cost = draft_ms + np.array([curve.ms(n + 1 + in_tree) for n in range(len(p) + 1)])
     rate = expected / cost
     n = int(np.argmax(rate))
     return Budget(n, float(rate[n]), float(expected[n]))

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ConfigError, HeadError
 from ..heads.config import HeadConfig, fingerprint
 from ..heads.corpus import NgramTable, check_corpus, corpus_section, read_sources, save_corpus
-from ..heads.find import head_kind
+from ..heads.find import a_head, head_kind
 from ..heads.eagle3 import Eagle3Head
 from ..heads.formats import load_head, save_head
 from ..heads.medusa import MedusaHeads, target_lm_head_rows
@@ -211,8 +211,8 @@ def _check_out(s: TrainSettings, target) -> None:
         return
     have = head_kind(out)
     if have is not None and have != s.kind:
-        what = "a corpus" if have == "corpus" else f"a {have} head"
-        raise ConfigError(f"--out {out} holds {what}; pass another --out for this {s.kind} run")
+        raise ConfigError(f"--out {out} holds {a_head(have)}; pass another --out for this "
+                          f"{s.kind} run")
     if s.kind == "corpus":
         try:
             check_corpus(corpus_section(out), target)
