@@ -21,6 +21,7 @@ inline __m256 tail256(const float* p, int r) {
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSET1(s) _mm256_set1_ps(s)
 #define VSUM(v) sum256(v)
+#define VSUM4(a, b, c, d, out) sum4_256((a), (b), (c), (d), (out))
 #define ROWS_FN rows_avx2_impl
 #define MB_MAX 4
 #define NB_MAX 3

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "avx512_sum.h"
+
 namespace edgespec_native {
 namespace {
 
@@ -18,6 +20,7 @@ inline __m512 tail512(const float* p, int r) {
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSET1(s) _mm512_set1_ps(s)
 #define VSUM(v) _mm512_reduce_add_ps(v)
+#define VSUM4(a, b, c, d, out) sum4_512((a), (b), (c), (d), (out))
 #define ROWS_FN rows_avx512_impl
 #define MB_MAX 4
 #define NB_MAX 6

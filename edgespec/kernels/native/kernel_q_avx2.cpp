@@ -57,6 +57,7 @@ struct Deq<8> : GroupScale {
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum256(v)
+#define VSUM4(a, b, c, d, out) sum4_256((a), (b), (c), (d), (out))
 #define NB_MAX 2
 #define PARTS 2
 #define QROWS_FN qrows_avx2_impl

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "avx512_sum.h"
+
 namespace edgespec_native {
 namespace {
 
@@ -52,6 +54,7 @@ struct Deq<8> {
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSUM(v) _mm512_reduce_add_ps(v)
+#define VSUM4(a, b, c, d, out) sum4_512((a), (b), (c), (d), (out))
 #define NB_MAX 4
 #define PARTS 1
 #define QROWS_FN qrows_avx512_impl

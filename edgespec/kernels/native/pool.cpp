@@ -29,8 +29,11 @@ int configured_threads() {
 }
 
 inline uint32_t gen_of(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
-inline int64_t count_of(uint64_t w) { return static_cast<int64_t>((w >> 16) & 0xffff); }
+inline int64_t end_of(uint64_t w) { return static_cast<int64_t>((w >> 16) & 0xffff); }
 inline int64_t next_of(uint64_t w) { return static_cast<int64_t>(w & 0xffff); }
+inline uint64_t lane_word(uint32_t gen, int64_t next, int64_t end) {
+  return (uint64_t(gen) << 32) | (uint64_t(end) << 16) | uint64_t(next);
+}
 
 }  // namespace
 
@@ -42,21 +45,33 @@ Pool& Pool::get() {
 }
 
 Pool::Pool(int threads) : threads_(threads), pid_(getpid()) {
-  for (int i = 1; i < threads; ++i) std::thread([this] { helper_loop(); }).detach();
+  for (int i = 1; i < threads; ++i) std::thread([this, i] { helper_loop(i); }).detach();
 }
 
-int64_t Pool::work(uint32_t gen) {
+int64_t Pool::claim(int l, uint32_t gen, bool front) {
+  std::atomic<uint64_t>& word = lanes_[l].word;
+  uint64_t w = word.load(std::memory_order_acquire);
+  while (gen_of(w) == gen && next_of(w) < end_of(w)) {
+    const uint64_t taken = front ? w + 1 : w - (uint64_t(1) << 16);
+    if (word.compare_exchange_weak(w, taken, std::memory_order_acq_rel))
+      return front ? next_of(w) : end_of(w) - 1;
+  }
+  return -1;
+}
+
+int64_t Pool::work(uint32_t gen, int lane) {
   int64_t ran = 0;
-  uint64_t w = claim_.load(std::memory_order_acquire);
-  while (gen_of(w) == gen && next_of(w) < count_of(w)) {
-    if (claim_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) {
-      // Claimed chunk next_of(w) of this generation: the caller cannot publish another job
-      // (and overwrite job_/ctx_) before this chunk is counted in done_.
-      job_(ctx_, next_of(w));
-      done_.fetch_add(1, std::memory_order_acq_rel);
-      ++ran;
-      w = claim_.load(std::memory_order_acquire);
-    }
+  // A claimed chunk belongs to this generation: the caller cannot publish another job (and
+  // overwrite job_/ctx_) before it is counted in done_.
+  auto run_one = [&](int64_t c) {
+    job_(ctx_, c);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    ++ran;
+  };
+  for (int64_t c; (c = claim(lane, gen, true)) >= 0;) run_one(c);
+  for (int i = 1; i < threads_; ++i) {
+    const int l = (lane + i) % threads_;
+    for (int64_t c; (c = claim(l, gen, false)) >= 0;) run_one(c);
   }
   return ran;
 }
@@ -74,12 +89,13 @@ void Pool::run(Job job, void* ctx, int64_t chunks) {
   job_ = job;
   ctx_ = ctx;
   done_.store(0, std::memory_order_relaxed);
-  claim_.store((uint64_t(gen) << 32) | (uint64_t(chunks) << 16));  // seq_cst: see helper_loop
+  for (int l = threads_ - 1; l >= 0; --l)  // lane 0 last, seq_cst: see helper_loop
+    lanes_[l].word.store(lane_word(gen, chunks * l / threads_, chunks * (l + 1) / threads_));
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
-  work(gen);
+  work(gen, 0);
   int spins = 0;
   while (done_.load(std::memory_order_acquire) != chunks) {  // chunks helpers still run
     if (++spins < 4096) {
@@ -91,25 +107,27 @@ void Pool::run(Job job, void* ctx, int64_t chunks) {
   busy_.store(false, std::memory_order_release);
 }
 
-void Pool::helper_loop() {
+void Pool::helper_loop(int lane) {
+  const std::atomic<uint64_t>& published = lanes_[0].word;
   uint32_t seen = 0;
   while (true) {
     auto start = std::chrono::steady_clock::now();
     int spins = 0;
-    while (gen_of(claim_.load(std::memory_order_acquire)) == seen) {
+    while (gen_of(published.load(std::memory_order_acquire)) == seen) {
       EDGESPEC_PAUSE();
       if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - start > kSpin) {
-        // Sleep. The caller stores claim_ and then reads sleepers_ (both seq_cst), this
-        // thread counts itself in sleepers_ and then reads claim_: one of them sees the other.
+        // Sleep. The caller stores lane 0's word and then reads sleepers_ (both seq_cst),
+        // this thread counts itself in sleepers_ and then reads the word: one of them sees
+        // the other.
         std::unique_lock<std::mutex> lock(mutex_);
         sleepers_.fetch_add(1);
-        while (gen_of(claim_.load()) == seen) wake_.wait(lock);
+        while (gen_of(published.load()) == seen) wake_.wait(lock);
         sleepers_.fetch_sub(1);
         break;
       }
     }
-    seen = gen_of(claim_.load(std::memory_order_acquire));
-    work(seen);
+    seen = gen_of(published.load(std::memory_order_acquire));
+    work(seen, lane);
   }
 }
 
