@@ -66,13 +66,17 @@ def test_kernel_equals_twin(mod, n, cached, heads, ratio, d, window, softcap, se
         mod.set_isa(before)
 
 
-def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod):  # noqa: F811
+@pytest.mark.parametrize("kv_heads", [2, 6])
+def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod, kv_heads):  # noqa: F811
+    """With 6 query heads over 2 kv heads the node alone is attended with the other heads of
+    its kv head (the AVX-512 code's tiles of up to 4 queries); over 6 kv heads it is alone in
+    its tile (the one-query path), while the tree's nodes go in tiles either way."""
     rng = np.random.default_rng(3)
     tree = DraftTree(list(range(9)), [-1, 0, 0, 1, 1, 2, 3, 6, 4])
     L, d = 150, 64
     q = mx.array(rng.standard_normal((1, 6, 9, d), dtype=np.float32))
-    k = mx.array(rng.standard_normal((1, 2, L + 9, d), dtype=np.float32))
-    v = mx.array(rng.standard_normal((1, 2, L + 9, d), dtype=np.float32))
+    k = mx.array(rng.standard_normal((1, kv_heads, L + 9, d), dtype=np.float32))
+    v = mx.array(rng.standard_normal((1, kv_heads, L + 9, d), dtype=np.float32))
     whole = ta.tree_attention_native(q, k, v, 0.125, tree_mask(tree, 9, 0, L, None))
     for node in (0, 3, 7):
         path = tree.path_to(node)  # root .. node: what plain decoding would have committed

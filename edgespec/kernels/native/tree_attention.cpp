@@ -23,6 +23,10 @@ void check(bool ok, const std::string& what) {
 // Below this many multiply-adds (a decode step over a few hundred keys) one thread does it.
 constexpr int64_t kThreadedMinWork = 256 * 1024;
 
+// Items a chunk (the AVX-512 path attends to up to 4 of one kv head at once; a chunk of 4
+// serves 4 queries from each key row it loads) and the scratch rows a chunk needs.
+constexpr int64_t kItemsPerChunk = 4, kScratchRows = 4;
+
 using AttnFn = void (*)(const AttnArgs&, float*, int64_t, int64_t);
 
 AttnFn attn_fn() {
@@ -37,7 +41,7 @@ AttnFn attn_fn() {
 struct AttnJob {
   AttnFn fn;
   AttnArgs args;
-  float* scratch;  // S floats per chunk
+  float* scratch;  // kScratchRows * S floats per chunk
   int64_t items, per_chunk;
 };
 
@@ -45,7 +49,7 @@ void run_attn_chunk(void* ctx, int64_t chunk) {
   const AttnJob& j = *static_cast<const AttnJob*>(ctx);
   const int64_t a = chunk * j.per_chunk;
   const int64_t b = a + j.per_chunk < j.items ? a + j.per_chunk : j.items;
-  j.fn(j.args, j.scratch + chunk * j.args.S, a, b);
+  j.fn(j.args, j.scratch + chunk * kScratchRows * j.args.S, a, b);
 }
 
 }  // namespace
@@ -54,16 +58,18 @@ void run_tree_attention(const AttnArgs& args) {
   const AttnFn fn = attn_fn();
   const int64_t items = args.H * args.N;
   if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
-    std::vector<float> scratch(static_cast<size_t>(args.S));
+    std::vector<float> scratch(static_cast<size_t>(kScratchRows * args.S));
     fn(args, scratch.data(), 0, items);
     return;
   }
-  // One item a chunk, claimed as threads free up: 9 heads over 2 threads then split 5 / 4
-  // (in 2 * threads chunks of 3 they split 6 / 3: 208 -> 143 us for 9 heads over 2,000 keys,
-  // 99 -> 74 us for 8 nodes over 136).
-  const int64_t per_chunk = items <= Pool::kMaxChunks ? 1 : (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
+  // Few items (a decode step's heads): one a chunk, claimed as threads free up, so 9 heads
+  // over 2 threads split 5 / 4 (in 2 * threads chunks of 3 they split 6 / 3: 208 -> 143 us for
+  // 9 heads over 2,000 keys, 99 -> 74 us for 8 nodes over 136). More: kItemsPerChunk a chunk.
+  int64_t per_chunk = items >= 8 * Pool::get().threads() ? kItemsPerChunk : 1;
+  if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
+    per_chunk = (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
   const int64_t chunks = (items + per_chunk - 1) / per_chunk;
-  std::vector<float> scratch(static_cast<size_t>(chunks * args.S));
+  std::vector<float> scratch(static_cast<size_t>(chunks * kScratchRows * args.S));
   AttnJob job{fn, args, scratch.data(), items, per_chunk};
   Pool::get().run(run_attn_chunk, &job, chunks);
 }
