@@ -29,6 +29,16 @@ struct AttnArgs {
   int64_t kt_h = 0, kt_t = 0, vt_h = 0, vt_t = 0;
 };
 
+namespace {  // internal linkage: each ISA file compiles its own copy (see kernel.h)
+
+// Whether ISA code that attends to several queries of a kv head at once (ATTN_TILE in
+// attention_core.inc) takes these arguments: no window, no softcap, D a multiple of 16.
+inline bool tiles_apply(const AttnArgs& a) {
+  return a.window == 0 && a.softcap == 0.0f && a.D % 16 == 0;
+}
+
+}  // namespace
+
 void attn_items_generic(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);
 #if defined(__x86_64__) || defined(_M_X64)
 void attn_items_avx2(const AttnArgs& a, float* scratch, int64_t item0, int64_t item1);

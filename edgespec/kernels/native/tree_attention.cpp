@@ -38,6 +38,15 @@ AttnFn attn_fn() {
   return attn_items_generic;
 }
 
+// Whether fn attends to several items of a kv head at once for these arguments.
+bool tiled(AttnFn fn, const AttnArgs& a) {
+#if defined(__x86_64__) || defined(_M_X64)
+  return fn == attn_items_avx512 && tiles_apply(a);
+#else
+  return false;
+#endif
+}
+
 struct AttnJob {
   AttnFn fn;
   AttnArgs args;
@@ -67,10 +76,10 @@ void run_tree_attention(const AttnArgs& args) {
   // as 3 chunks of 3, which split 2 / 1 over 2 threads but read each key and value row once
   // per kv head instead of once per head (stop 23: 30 layers' decode attention after 1,500
   // tokens 7.2 / 6.0 / 5.8 -> 4.3 / 3.7 / 3.7 ms in three alternations; before the tiles, one
-  // item a chunk split 5 / 4 and beat chunks of 3,
-  // 208 -> 143 us for 9 heads over 2,000 keys).
+  // item a chunk split 5 / 4 and beat chunks of 3: 208 -> 143 us for 9 heads over 2,000 keys).
+  // Without tiles (another ISA, a window, a softcap), one item a chunk.
   const int64_t per_head = args.N * (args.H / args.Hkv);
-  int64_t per_chunk = per_head < kItemsPerChunk ? per_head : kItemsPerChunk;
+  int64_t per_chunk = !tiled(fn, args) ? 1 : per_head < kItemsPerChunk ? per_head : kItemsPerChunk;
   if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
     per_chunk = (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
   const int64_t chunks = (items + per_chunk - 1) / per_chunk;
