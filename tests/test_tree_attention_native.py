@@ -156,3 +156,32 @@ def test_a_chains_mask_is_the_trees_and_is_shared_read_only():
         tree = tree_mask(DraftTree(list(range(n)), list(range(-1, n - 1))), n, 3, 40, None)
         assert np.array_equal(chain.anc, tree.anc) and np.array_equal(chain.qpos, tree.qpos)
         assert tree_mask(None, n, 0, 9, 4).anc is chain.anc and not chain.anc.flags.writeable
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
+def test_a_window_that_hides_no_key_gives_the_bits_of_no_window(mod, isa):  # noqa: F811
+    """A sliding window wider than the context is dropped before the kernel runs (so it takes
+    the no-window paths): the output must have exactly the no-window bits, and a window one
+    key narrower must still hide that key."""
+    if isa not in mod.supported_isas().split(","):
+        pytest.skip(f"no {isa} on this CPU")
+    before = mod.isa()
+    mod.set_isa(isa)
+    try:
+        rng = np.random.default_rng(11)
+        n, cached, start = 9, 70, 5
+        tree = DraftTree(list(range(n)), [-1, 0, 0, 1, 1, 2, 3, 6, 4])
+        q = mx.array(rng.standard_normal((1, 6, n, 64), dtype=np.float32))
+        k = mx.array(rng.standard_normal((1, 2, cached + n, 64), dtype=np.float32))
+        v = mx.array(rng.standard_normal((1, 2, cached + n, 64), dtype=np.float32))
+        mask = tree_mask(tree, n, start, start + cached, None)
+        none = ta.tree_attention_native(q, k, v, 0.125, mask)
+        deepest = int(np.argmax(np.array(mask.qpos)))  # node 7, 4 below the root
+        span = int(np.array(mask.qpos)[deepest]) - start + 1  # its distance to cached key 0, + 1
+        wide = ta.tree_attention_native(q, k, v, 0.125, tree_mask(tree, n, start, start + cached, span))
+        assert mx.array_equal(wide, none).item()
+        narrow = ta.tree_attention_native(q, k, v, 0.125, tree_mask(tree, n, start, start + cached, span - 1))
+        assert not mx.array_equal(narrow[:, :, deepest], none[:, :, deepest]).item()  # key 0 hidden
+        assert mx.array_equal(narrow[:, :, 0], none[:, :, 0]).item()  # the root still sees it
+    finally:
+        mod.set_isa(before)

@@ -63,7 +63,17 @@ void run_attn_chunk(void* ctx, int64_t chunk) {
 
 }  // namespace
 
-void run_tree_attention(const AttnArgs& args) {
+void run_tree_attention(const AttnArgs& given) {
+  // A window that hides no key is no window: every node sees cached key 0 (then every later
+  // key) when its position is within the window of key 0's. So a sliding-window layer whose
+  // context still fits its window (Gemma 3's 512) takes the paths that need no window (runs of
+  // 16 keys, tiles), with the same bits: the same keys are seen.
+  AttnArgs args = given;
+  if (args.window > 0) {
+    int64_t last = 0;
+    for (int64_t i = 0; i < args.N; ++i) last = args.qpos[i] > last ? args.qpos[i] : last;
+    if (last - args.key_start < args.window) args.window = 0;
+  }
   const AttnFn fn = attn_fn();
   const int64_t items = args.H * args.N;
   if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
