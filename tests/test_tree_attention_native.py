@@ -66,11 +66,23 @@ def test_kernel_equals_twin(mod, n, cached, heads, ratio, d, window, softcap, se
         mod.set_isa(before)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("kv_heads", [2, 6])
-def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod, kv_heads):  # noqa: F811
+def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod, kv_heads, isa):  # noqa: F811
     """With 6 query heads over 2 kv heads the node alone is attended with the other heads of
-    its kv head (the AVX-512 code's tiles of up to 4 queries); over 6 kv heads it is alone in
-    its tile (the one-query path), while the tree's nodes go in tiles either way."""
+    its kv head (the AVX-512 and AVX2 code's tiles of up to 4 queries); over 6 kv heads it is
+    alone in its tile (the one-query path), while the tree's nodes go in tiles either way."""
+    if isa not in mod.supported_isas().split(","):
+        pytest.skip(f"no {isa} on this CPU")
+    before = mod.isa()
+    mod.set_isa(isa)
+    try:
+        _node_alone_and_in_a_tree(kv_heads)
+    finally:
+        mod.set_isa(before)
+
+
+def _node_alone_and_in_a_tree(kv_heads: int) -> None:
     rng = np.random.default_rng(3)
     tree = DraftTree(list(range(9)), [-1, 0, 0, 1, 1, 2, 3, 6, 4])
     L, d = 150, 64

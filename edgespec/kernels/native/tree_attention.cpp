@@ -23,8 +23,8 @@ void check(bool ok, const std::string& what) {
 // Below this many multiply-adds (a decode step over a few hundred keys) one thread does it.
 constexpr int64_t kThreadedMinWork = 256 * 1024;
 
-// Items a chunk (the AVX-512 path attends to up to 4 of one kv head at once; a chunk of 4
-// serves 4 queries from each key row it loads) and the scratch rows a chunk needs.
+// Items a chunk (the AVX-512 and AVX2 code attends to up to 4 of one kv head at once; a chunk
+// of 4 serves 4 queries from each key row it loads) and the scratch rows a chunk needs.
 constexpr int64_t kItemsPerChunk = 4, kScratchRows = 4;
 
 using AttnFn = void (*)(const AttnArgs&, float*, int64_t, int64_t);
@@ -41,7 +41,7 @@ AttnFn attn_fn() {
 // Whether fn attends to several items of a kv head at once for these arguments.
 bool tiled(AttnFn fn, const AttnArgs& a) {
 #if defined(__x86_64__) || defined(_M_X64)
-  return fn == attn_items_avx512 && tiles_apply(a);
+  return (fn == attn_items_avx512 || fn == attn_items_avx2) && tiles_apply(a);
 #else
   return false;
 #endif
@@ -87,7 +87,7 @@ void run_tree_attention(const AttnArgs& given) {
   // per kv head instead of once per head (stop 23: 30 layers' decode attention after 1,500
   // tokens 7.2 / 6.0 / 5.8 -> 4.3 / 3.7 / 3.7 ms in three alternations; before the tiles, one
   // item a chunk split 5 / 4 and beat chunks of 3: 208 -> 143 us for 9 heads over 2,000 keys).
-  // Without tiles (another ISA, a window, a softcap), one item a chunk.
+  // Without tiles (the generic code, a window, a softcap), one item a chunk.
   const int64_t per_head = args.N * (args.H / args.Hkv);
   int64_t per_chunk = !tiled(fn, args) ? 1 : per_head < kItemsPerChunk ? per_head : kItemsPerChunk;
   if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
