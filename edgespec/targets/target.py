@@ -104,10 +104,10 @@ def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
     for group in groups:
         if group not in built:
             window, start = group
-            keys = np.arange(start, cache.offset)
             if compact:
                 built[group] = tree_mask(tree, n, start, cache.offset, window)
             else:
+                keys = np.arange(start, cache.offset)
                 built[group] = (chain_mask(n, keys, cache.offset, window) if tree is None
                                 else attention_mask(tree, keys, cache.offset, window))
     return [built[group] for group in groups]
