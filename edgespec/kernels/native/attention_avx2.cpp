@@ -1,9 +1,9 @@
 // attention_core.inc compiled for avx2 (see CMakeLists.txt for its flags), with intrinsics for
 // head sizes that are a multiple of 8: one key's score (ATTN_DOT: one 8-lane accumulator over
 // the head by FMA, then sum256's tree), the softmax weights (ATTN_WEIGHTS), the weighted sum of
-// values (ATTN_AV) and, for heads a multiple of 16 with no window and no softcap, up to 4
-// queries of one kv head at once (ATTN_TILE, attention_tiles.inc: 4 queries x 2 keys and
-// 4 queries x 2 column vectors a tile, which with the rows loaded fit AVX2's 16 registers).
+// values (ATTN_AV) and, for heads a multiple of 16 with no window and no softcap, up to
+// kTileQueries queries of one kv head at once (ATTN_TILE, attention_tiles.inc: 4 queries x 2
+// keys and 4 queries x 2 column vectors in registers, which with the rows loaded fit AVX2's 16).
 // The tiles use the same steps as the one-query path, so a node's bits do not depend on the
 // other nodes (tests/test_tree_attention_native.py, on every ISA the CPU has).
 #include <immintrin.h>
@@ -68,7 +68,7 @@ inline void av_one(const float* p, int64_t L, int64_t S, const float* v, int64_t
 }  // namespace
 
 #define ATTN_WEIGHTS(s, S, m, hidden) weights((s), (S), (m), (hidden))
-#define ATTN_TILE(a, s, item, n, hidden) tile4((a), (s), (item), (n), (hidden))
+#define ATTN_TILE(a, s, item, n, hidden) tile((a), (s), (item), (n), (hidden))
 #define ATTN_AV(p, L, S, v, v_t, vt, vt_t, D, inv, out) \
   av_one((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
 #define ATTN_DOT(a, b, D) ((D) % 8 == 0 ? dot8_one((a), (b), (D)) : dot((a), (b), (D)))

@@ -112,7 +112,7 @@ inline void av16(const float* p, int64_t L, int64_t S, const float* v, int64_t v
 }  // namespace
 
 #define ATTN_WEIGHTS(s, S, m, hidden) weights((s), (S), (m), (hidden))
-#define ATTN_TILE(a, s, item, n, hidden) tile4((a), (s), (item), (n), (hidden))
+#define ATTN_TILE(a, s, item, n, hidden) tile((a), (s), (item), (n), (hidden))
 #define ATTN_AV(p, L, S, v, v_t, vt, vt_t, D, inv, out) \
   av16((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
 #define ATTN_DOT(a, b, D) ((D) % 16 == 0 ? dot16_one((a), (b), (D)) : dot((a), (b), (D)))

@@ -8,7 +8,8 @@
 // qpos[i] - (key_start + j) < window, and tree key t = j - L when bit t of anc[i] is set (and
 // the window allows qpos[i] - qpos[t]). Keys are visited in index order and a hidden key adds
 // an exact zero, so a node's result does not depend on which other nodes came with it (a
-// verified token gets the bits plain decoding gives it). `scratch` holds S floats.
+// verified token gets the bits plain decoding gives it). `scratch` holds kTileQueries * S
+// floats.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,10 @@ struct AttnArgs {
 };
 
 namespace {  // internal linkage: each ISA file compiles its own copy (see kernel.h)
+
+// The most queries of one kv head the tile path (ATTN_TILE in attention_core.inc) attends to
+// at once: 4 at a time in registers, each block of key and value rows read once for all of them.
+constexpr int kTileQueries = 12;
 
 // Whether ISA code that attends to several queries of a kv head at once (ATTN_TILE in
 // attention_core.inc) takes these arguments: no window, no softcap, D a multiple of 16.

@@ -23,9 +23,10 @@ void check(bool ok, const std::string& what) {
 // Below this many multiply-adds (a decode step over a few hundred keys) one thread does it.
 constexpr int64_t kThreadedMinWork = 256 * 1024;
 
-// Items a chunk (the AVX-512 and AVX2 code attends to up to 4 of one kv head at once; a chunk
-// of 4 serves 4 queries from each key row it loads) and the scratch rows a chunk needs.
-constexpr int64_t kItemsPerChunk = 4, kScratchRows = 4;
+// Items a chunk (the AVX-512 and AVX2 code attends to up to kTileQueries of one kv head at
+// once, reading each block of key and value rows once for them) and the scratch rows a chunk
+// needs.
+constexpr int64_t kItemsPerChunk = kTileQueries, kScratchRows = kTileQueries;
 
 using AttnFn = void (*)(const AttnArgs&, float*, int64_t, int64_t);
 
@@ -81,15 +82,19 @@ void run_tree_attention(const AttnArgs& given) {
     fn(args, scratch.data(), 0, items);
     return;
   }
-  // A chunk is up to kItemsPerChunk items, no more than a kv head's (rep * N), so that a
-  // decode step's chunks are its kv heads' tiles: the demo model's 9 heads over 3 kv heads go
-  // as 3 chunks of 3, which split 2 / 1 over 2 threads but read each key and value row once
-  // per kv head instead of once per head (stop 23: 30 layers' decode attention after 1,500
-  // tokens 7.2 / 6.0 / 5.8 -> 4.3 / 3.7 / 3.7 ms in three alternations; before the tiles, one
-  // item a chunk split 5 / 4 and beat chunks of 3: 208 -> 143 us for 9 heads over 2,000 keys).
-  // Without tiles (the generic code, a window, a softcap), one item a chunk.
+  // A chunk is up to kItemsPerChunk items, no more than a kv head's (rep * N), and small enough
+  // that there are two chunks a thread, so that a decode step's chunks are its kv heads' tiles:
+  // the demo model's 9 heads over 3 kv heads go as 3 chunks of 3, which split 2 / 1 over 2
+  // threads but read each key and value row once per kv head instead of once per head (stop
+  // 23: 30 layers' decode attention after 1,500 tokens 7.2 / 6.0 / 5.8 -> 4.3 / 3.7 / 3.7 ms in
+  // three alternations; before the tiles, one item a chunk split 5 / 4 and beat chunks of 3:
+  // 208 -> 143 us for 9 heads over 2,000 keys). Without tiles (the generic code, a window, a
+  // softcap), one item a chunk.
   const int64_t per_head = args.N * (args.H / args.Hkv);
-  int64_t per_chunk = !tiled(fn, args) ? 1 : per_head < kItemsPerChunk ? per_head : kItemsPerChunk;
+  const int64_t two_a_thread = (items + 2 * Pool::get().threads() - 1) / (2 * Pool::get().threads());
+  int64_t per_chunk = kItemsPerChunk < per_head ? kItemsPerChunk : per_head;
+  per_chunk = per_chunk < two_a_thread ? per_chunk : two_a_thread;
+  if (!tiled(fn, args) || per_chunk < 1) per_chunk = 1;
   if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
     per_chunk = (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
   const int64_t chunks = (items + per_chunk - 1) / per_chunk;
