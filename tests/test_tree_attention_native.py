@@ -197,3 +197,23 @@ def test_a_window_that_hides_no_key_gives_the_bits_of_no_window(mod, isa):  # no
         assert mx.array_equal(narrow[:, :, 0], none[:, :, 0]).item()  # the root still sees it
     finally:
         mod.set_isa(before)
+
+
+def test_a_window_is_kept_when_a_node_lies_before_the_cache(mod):  # noqa: F811
+    """The window is dropped only when the span from the earliest position (cached key 0's or a
+    node's) to the latest fits it: nodes at positions 0 and 10 after key_start 5, window 8,
+    node 1 a child of node 0, must still hide node 0 from node 1 (10 - 0 >= 8), as the twin
+    does."""
+    from edgespec.kernels.tree_mask import TreeMask, ancestor_bits
+
+    rng = np.random.default_rng(13)
+    anc = ancestor_bits(np.array([[True, False], [True, True]]))
+    mask = TreeMask(anc, np.array([0, 10], dtype=np.int32), 5, 0, 8)
+    q = mx.array(rng.standard_normal((1, 2, 2, 64), dtype=np.float32))
+    k = mx.array(rng.standard_normal((1, 1, 2, 64), dtype=np.float32))
+    v = mx.array(rng.standard_normal((1, 1, 2, 64), dtype=np.float32))
+    got = np.array(ta.tree_attention_native(q, k, v, 0.125, mask))
+    want = np.array(ta.tree_attention_twin(q, k, v, 0.125, mask))
+    np.testing.assert_allclose(got, want, atol=TOL * 10)
+    # node 1 sees only its own key: its output is that value row, exactly
+    np.testing.assert_array_equal(got[0, :, 1], np.broadcast_to(np.array(v)[0, 0, 1], (2, 64)))

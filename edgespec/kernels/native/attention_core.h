@@ -8,8 +8,8 @@
 // qpos[i] - (key_start + j) < window, and tree key t = j - L when bit t of anc[i] is set (and
 // the window allows qpos[i] - qpos[t]). Keys are visited in index order and a hidden key adds
 // an exact zero, so a node's result does not depend on which other nodes came with it (a
-// verified token gets the bits plain decoding gives it). `scratch` holds kTileQueries * S
-// floats.
+// verified token gets the bits plain decoding gives it). `scratch` holds S floats, or
+// kTileQueries * S where the tiles apply (tiles_apply, on an ISA that has them).
 #pragma once
 
 #include <cstdint>

@@ -51,34 +51,39 @@ bool tiled(AttnFn fn, const AttnArgs& a) {
 struct AttnJob {
   AttnFn fn;
   AttnArgs args;
-  float* scratch;  // kScratchRows * S floats per chunk
-  int64_t items, per_chunk;
+  float* scratch;  // rows * S floats per chunk
+  int64_t items, per_chunk, rows;
 };
 
 void run_attn_chunk(void* ctx, int64_t chunk) {
   const AttnJob& j = *static_cast<const AttnJob*>(ctx);
   const int64_t a = chunk * j.per_chunk;
   const int64_t b = a + j.per_chunk < j.items ? a + j.per_chunk : j.items;
-  j.fn(j.args, j.scratch + chunk * kScratchRows * j.args.S, a, b);
+  j.fn(j.args, j.scratch + chunk * j.rows * j.args.S, a, b);
 }
 
 }  // namespace
 
 void run_tree_attention(const AttnArgs& given) {
-  // A window that hides no key is no window: every node sees cached key 0 (then every later
-  // key) when its position is within the window of key 0's. So a sliding-window layer whose
-  // context still fits its window (Gemma 3's 512) takes the paths that need no window (runs of
-  // 16 keys, tiles), with the same bits: the same keys are seen.
+  // A window that hides no key is no window: no distance between a node and a key it may see
+  // exceeds the span from the earliest position (cached key 0's, or a node's) to the latest.
+  // So a sliding-window layer whose context still fits its window (Gemma 3's 512) takes the
+  // paths that need no window (runs of 16 keys, tiles), with the same bits: the same keys are
+  // seen.
   AttnArgs args = given;
-  if (args.window > 0) {
-    int64_t last = 0;
-    for (int64_t i = 0; i < args.N; ++i) last = args.qpos[i] > last ? args.qpos[i] : last;
-    if (last - args.key_start < args.window) args.window = 0;
+  if (args.window > 0) {  // every distance seen is at most the last position minus the first
+    int64_t last = args.key_start, first = args.key_start;
+    for (int64_t i = 0; i < args.N; ++i) {
+      last = args.qpos[i] > last ? args.qpos[i] : last;
+      first = args.qpos[i] < first ? args.qpos[i] : first;
+    }
+    if (last - first < args.window) args.window = 0;
   }
   const AttnFn fn = attn_fn();
   const int64_t items = args.H * args.N;
+  const int64_t rows = tiled(fn, args) ? kScratchRows : 1;  // scratch rows a chunk needs
   if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
-    std::vector<float> scratch(static_cast<size_t>(kScratchRows * args.S));
+    std::vector<float> scratch(static_cast<size_t>(rows * args.S));
     fn(args, scratch.data(), 0, items);
     return;
   }
@@ -98,8 +103,8 @@ void run_tree_attention(const AttnArgs& given) {
   if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
     per_chunk = (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
   const int64_t chunks = (items + per_chunk - 1) / per_chunk;
-  std::vector<float> scratch(static_cast<size_t>(chunks * kScratchRows * args.S));
-  AttnJob job{fn, args, scratch.data(), items, per_chunk};
+  std::vector<float> scratch(static_cast<size_t>(chunks * rows * args.S));
+  AttnJob job{fn, args, scratch.data(), items, per_chunk, rows};
   Pool::get().run(run_attn_chunk, &job, chunks);
 }
 
