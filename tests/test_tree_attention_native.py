@@ -8,6 +8,8 @@ verification must agree), and the engine's forwards go through the kernel.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -47,6 +49,20 @@ def _isas(m):
     return [i for i in ("avx512", "avx2", "generic") if i in m.supported_isas().split(",")]
 
 
+@contextmanager
+def _on_isa(m, isa: str):
+    """Runs the block with the kernels' ISA set to ``isa`` (the test is skipped on a CPU
+    without it), then restores the one before."""
+    if isa not in m.supported_isas().split(","):
+        pytest.skip(f"no {isa} on this CPU")
+    before = m.isa()
+    m.set_isa(isa)
+    try:
+        yield
+    finally:
+        m.set_isa(before)
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(n=st.sampled_from([1, 2, 5, 17, 64]), cached=st.sampled_from([0, 1, 33, 300]),
        heads=st.integers(1, 3), ratio=st.sampled_from([1, 3]), d=st.sampled_from([16, 64, 80]),
@@ -70,16 +86,10 @@ def test_kernel_equals_twin(mod, n, cached, heads, ratio, d, window, softcap, se
 @pytest.mark.parametrize("kv_heads", [2, 6])
 def test_a_node_gets_the_same_bits_alone_as_in_a_tree(mod, kv_heads, isa):  # noqa: F811
     """With 6 query heads over 2 kv heads the node alone is attended with the other heads of
-    its kv head (the AVX-512 and AVX2 code's tiles of up to 4 queries); over 6 kv heads it is
+    its kv head (the AVX-512 and AVX2 code's tiles of up to 12 queries); over 6 kv heads it is
     alone in its tile (the one-query path), while the tree's nodes go in tiles either way."""
-    if isa not in mod.supported_isas().split(","):
-        pytest.skip(f"no {isa} on this CPU")
-    before = mod.isa()
-    mod.set_isa(isa)
-    try:
+    with _on_isa(mod, isa):
         _node_alone_and_in_a_tree(kv_heads)
-    finally:
-        mod.set_isa(before)
 
 
 def _node_alone_and_in_a_tree(kv_heads: int) -> None:
@@ -142,11 +152,7 @@ def test_a_keys_score_does_not_depend_on_how_many_keys_are_cached(mod, isa, d): 
     output must have the same bits. 50 keys, the node seeing all of them: as the one new token
     after 49 cached keys, and as the last of a 9-token chain after 41 (the AVX-512 code scores
     runs of 16 cached keys at once, and key 40 falls in such a run only in the first case)."""
-    if isa not in mod.supported_isas().split(","):
-        pytest.skip(f"no {isa} on this CPU")
-    before = mod.isa()
-    mod.set_isa(isa)
-    try:
+    with _on_isa(mod, isa):
         rng = np.random.default_rng(7)
         heads, S = 3, 50
         k = mx.array(rng.standard_normal((1, 1, S, d), dtype=np.float32))
@@ -156,8 +162,6 @@ def test_a_keys_score_does_not_depend_on_how_many_keys_are_cached(mod, isa, d): 
         one = ta.tree_attention_native(mx.array(q_last), k, v, 0.125, tree_mask(None, 1, 0, S - 1, None))
         nine = ta.tree_attention_native(mx.array(q_chain), k, v, 0.125, tree_mask(None, 9, 0, S - 9, None))
         assert mx.array_equal(one[:, :, 0], nine[:, :, 8]).item()
-    finally:
-        mod.set_isa(before)
 
 
 def test_a_chains_mask_is_the_trees_and_is_shared_read_only():
@@ -175,11 +179,7 @@ def test_a_window_that_hides_no_key_gives_the_bits_of_no_window(mod, isa):  # no
     """A sliding window wider than the context is dropped before the kernel runs (so it takes
     the no-window paths): the output must have exactly the no-window bits, and a window one
     key narrower must still hide that key."""
-    if isa not in mod.supported_isas().split(","):
-        pytest.skip(f"no {isa} on this CPU")
-    before = mod.isa()
-    mod.set_isa(isa)
-    try:
+    with _on_isa(mod, isa):
         rng = np.random.default_rng(11)
         n, cached, start = 9, 70, 5
         tree = DraftTree(list(range(n)), [-1, 0, 0, 1, 1, 2, 3, 6, 4])
@@ -195,8 +195,6 @@ def test_a_window_that_hides_no_key_gives_the_bits_of_no_window(mod, isa):  # no
         narrow = ta.tree_attention_native(q, k, v, 0.125, tree_mask(tree, n, start, start + cached, span - 1))
         assert not mx.array_equal(narrow[:, :, deepest], none[:, :, deepest]).item()  # key 0 hidden
         assert mx.array_equal(narrow[:, :, 0], none[:, :, 0]).item()  # the root still sees it
-    finally:
-        mod.set_isa(before)
 
 
 def test_a_window_is_kept_when_a_node_lies_before_the_cache(mod):  # noqa: F811

@@ -57,20 +57,12 @@ inline __m256i first_lanes(int r) {  // lanes 0 .. r-1 set, for maskload / masks
 #define AVN 2
 #include "attention_tiles.inc"
 
-// The one-query weighted sum of values: the tiles' own, for one query.
-inline void av_one(const float* p, int64_t L, int64_t S, const float* v, int64_t v_t,
-                   const float* vt, int64_t vt_t, int64_t D, float inv, float* out) {
-  const float invs[1] = {inv};
-  float* outs[1] = {out};
-  values(p, S, 1, L, S, v, v_t, vt, vt_t, D, invs, outs);
-}
-
 }  // namespace
 
 #define ATTN_WEIGHTS(s, S, m, hidden) weights((s), (S), (m), (hidden))
 #define ATTN_TILE(a, s, item, n, hidden) tile((a), (s), (item), (n), (hidden))
 #define ATTN_AV(p, L, S, v, v_t, vt, vt_t, D, inv, out) \
-  av_one((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
+  value_one((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
 #define ATTN_DOT(a, b, D) ((D) % 8 == 0 ? dot8_one((a), (b), (D)) : dot((a), (b), (D)))
 #define ATTN_FN attn_items_avx2
 #include "attention_core.inc"

@@ -58,33 +58,6 @@ inline void dot16_block(const float* q, const float* k, int64_t ldk, int64_t D, 
   sums16(acc, out);
 }
 
-// out[d] = inv * sum_j p[j] v_j[d] (D a multiple of 16), v_j row j of v for j < L and row j - L
-// of vt after: per 64 columns (or the last 16 at a time) the accumulators stay in registers over
-// the keys, each column summed in key order by FMA.
-template <int NV>
-inline void av_columns(const float* p, int64_t L, int64_t S, const float* v, int64_t v_t,
-                       const float* vt, int64_t vt_t, float inv, float* out) {
-  __m512 acc[NV];
-  for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < S; ++j) {
-    if (p[j] == 0.0f) continue;  // hidden (or underflowed): adds exactly nothing
-    const __m512 e = _mm512_set1_ps(p[j]);
-    const float* row = j < L ? v + j * v_t : vt + (j - L) * vt_t;
-    for (int c = 0; c < NV; ++c)
-      acc[c] = _mm512_fmadd_ps(e, _mm512_loadu_ps(row + 16 * c), acc[c]);
-  }
-  const __m512 s = _mm512_set1_ps(inv);
-  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], s));
-}
-
-inline void av16(const float* p, int64_t L, int64_t S, const float* v, int64_t v_t,
-                 const float* vt, int64_t vt_t, int64_t D, float inv, float* out) {
-  int64_t d = 0;
-  for (; d + 64 <= D; d += 64) av_columns<4>(p, L, S, v + d, v_t, vt + d, vt_t, inv, out + d);
-  for (; d < D; d += 16) av_columns<1>(p, L, S, v + d, v_t, vt + d, vt_t, inv, out + d);
-}
-
-
 #define VEC __m512
 #define LANES 16
 #define VZERO() _mm512_setzero_ps()
@@ -114,7 +87,7 @@ inline void av16(const float* p, int64_t L, int64_t S, const float* v, int64_t v
 #define ATTN_WEIGHTS(s, S, m, hidden) weights((s), (S), (m), (hidden))
 #define ATTN_TILE(a, s, item, n, hidden) tile((a), (s), (item), (n), (hidden))
 #define ATTN_AV(p, L, S, v, v_t, vt, vt_t, D, inv, out) \
-  av16((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
+  value_one((p), (L), (S), (v), (v_t), (vt), (vt_t), (D), (inv), (out))
 #define ATTN_DOT(a, b, D) ((D) % 16 == 0 ? dot16_one((a), (b), (D)) : dot((a), (b), (D)))
 #define ATTN_BLOCK16(q, k, ldk, D, out) dot16_block((q), (k), (ldk), (D), (out))
 #define ATTN_FN attn_items_avx512

@@ -36,6 +36,21 @@ namespace {  // internal linkage: each ISA file compiles its own copy (see kerne
 // at once: 4 at a time in registers, each block of key and value rows read once for all of them.
 constexpr int kTileQueries = 12;
 
+// Kv head g's rows: the cached keys/values (row j < L at k + j * k_t) and the nodes' (row t at
+// kt + t * kt_t), wherever AttnArgs keeps the latter.
+struct KvHead {
+  const float *k, *v, *kt, *vt;
+  int64_t k_t, v_t, kt_t, vt_t;
+};
+
+inline KvHead kv_head(const AttnArgs& a, int64_t g) {
+  const float* k = a.k + g * a.k_h;
+  const float* v = a.v + g * a.v_h;
+  const bool own = a.kt != nullptr;  // the nodes' rows in buffers of their own
+  return {k, v, own ? a.kt + g * a.kt_h : k + a.L * a.k_t, own ? a.vt + g * a.vt_h : v + a.L * a.v_t,
+          a.k_t, a.v_t, own ? a.kt_t : a.k_t, own ? a.vt_t : a.v_t};
+}
+
 // Whether ISA code that attends to several queries of a kv head at once (ATTN_TILE in
 // attention_core.inc) takes these arguments: no window, no softcap, D a multiple of 16.
 inline bool tiles_apply(const AttnArgs& a) {
