@@ -3,6 +3,7 @@
     pip install llama-cpp-python        # builds llama.cpp from source (minutes)
     python scripts/vs_llama_cpp.py [--model demo] [--limit 8] [--max-tokens 128]
                                    [--methods none,lookup] [--dtypes auto,float32]
+                                   [--requantize q8_0]
 
 The Linux user's alternative is llama.cpp: this runs it (``llama_cpp.Llama`` on the GGUF file,
 all cores, greedy) and edgespec on the same file's conversion, per prompt in turn, on the same
@@ -10,7 +11,10 @@ prompt token ids (the chat template applied once, by edgespec), stopping at EOS 
 ``--max-tokens``. Times include the prefill for both; llama.cpp's KV cache is reset before each
 prompt, as edgespec's engines here start each prompt from scratch. ``--dtypes``: edgespec's
 weights, ``auto`` keeping the GGUF's quantization (Q4_1 -> MLX 4-bit, group 32; the native
-quantized kernel), ``float32`` dequantized. The prompts are MT-bench's (measuring only).
+quantized kernel), ``float32`` dequantized. ``--requantize q8_0`` first writes a copy of the GGUF with every
+tensor in that llama.cpp type (llama.cpp's own quantizer, from the file's weights as they are:
+the demo's Q4_1 values held in 8 bits) and compares on that copy: an 8-bit model throughout,
+which edgespec keeps as MLX 8-bit (group 32). The prompts are MT-bench's (measuring only).
 Run it on an otherwise idle machine; the table names the CPU.
 """
 
@@ -35,6 +39,32 @@ def gguf_file(ref: str) -> Path:
     return SHORTCUTS[ref]() if ref in SHORTCUTS else Path(ref).expanduser()
 
 
+def requantized(path: Path, kind: str) -> Path:
+    """A copy of ``path`` with its tensors in llama.cpp's type ``kind`` (e.g. q8_0), made once
+    and kept beside the other temporary files."""
+    import ctypes  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import llama_cpp  # noqa: PLC0415
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}", None)
+    if ftype is None:
+        known = sorted(n.removeprefix("LLAMA_FTYPE_MOSTLY_").lower() for n in dir(llama_cpp)
+                       if n.startswith("LLAMA_FTYPE_MOSTLY_"))
+        raise SystemExit(f"--requantize {kind!r}: not a llama.cpp type; one of {', '.join(known)}")
+    out = Path(tempfile.gettempdir()) / "edgespec-gguf" / f"{path.stem}.{kind.upper()}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = ftype, True, os.cpu_count() or 1
+        partial = out.with_suffix(".partial")
+        if llama_cpp.llama_model_quantize(str(path).encode(), str(partial).encode(),
+                                          ctypes.byref(params)) != 0:
+            raise SystemExit(f"llama.cpp could not requantize {path} to {kind}")
+        partial.rename(out)
+    return out
+
+
 def llama_runner(llm, eos: set[int]):
     def run(ids: list[int], max_tokens: int) -> tuple[list[int], float]:
         t = time.perf_counter()
@@ -57,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--methods", default="none,lookup")
     ap.add_argument("--dtypes", default="auto,float32")
+    ap.add_argument("--requantize", default=None, metavar="TYPE",
+                    help="compare on a copy of the GGUF in this llama.cpp type (e.g. q8_0)")
     a = ap.parse_args(argv)
     try:
         from llama_cpp import Llama, __version__ as llama_version
@@ -65,6 +97,9 @@ def main(argv=None) -> int:
         return 2
 
     path = gguf_file(a.model)
+    if a.requantize:
+        path = requantized(path, a.requantize)
+        a.model = str(path)
     llm = Llama(model_path=str(path), n_ctx=4096, n_threads=os.cpu_count(), verbose=False)
     runs = {}
     for dtype in [d.strip() for d in a.dtypes.split(",") if d.strip()]:
