@@ -11,10 +11,11 @@ prompt token ids (the chat template applied once, by edgespec), stopping at EOS 
 ``--max-tokens``. Times include the prefill for both; llama.cpp's KV cache is reset before each
 prompt, as edgespec's engines here start each prompt from scratch. ``--dtypes``: edgespec's
 weights, ``auto`` keeping the GGUF's quantization (Q4_1 -> MLX 4-bit, group 32; the native
-quantized kernel), ``float32`` dequantized. ``--requantize q8_0`` first writes a copy of the GGUF with every
-tensor in that llama.cpp type (llama.cpp's own quantizer, from the file's weights as they are:
-the demo's Q4_1 values held in 8 bits) and compares on that copy: an 8-bit model throughout,
-which edgespec keeps as MLX 8-bit (group 32). The prompts are MT-bench's (measuring only).
+quantized kernel), ``float32`` dequantized. ``--requantize q8_0`` first writes a copy of the
+GGUF with every tensor in that llama.cpp type (llama.cpp's own quantizer, from the file's
+weights as they are: the demo's Q4_1 values held in 8 bits) and compares on that copy: an 8-bit
+model throughout, which edgespec keeps as MLX 8-bit (group 32). The prompts are MT-bench's
+(measuring only).
 Run it on an otherwise idle machine; the table names the CPU.
 """
 
