@@ -80,11 +80,14 @@ def main() -> None:
     """edgespec: speculative decoding for local LLMs on MLX — faster, same output."""
 
 
-def load_engine(c: options.Configs):
+def load_engine(c: options.Configs, method_named: bool = True):
+    """The engine for ``c``; unless ``method_named``, its method is the interactive default for
+    the loaded model (``options.method_for_model``: the corpus where one is found)."""
     from . import Engine, load_target, make_drafter
 
     target = load_target(c.model.model, dtype=c.model.dtype)
-    return Engine(target, make_drafter(c.spec, target, c.sampling), c.sampling)
+    spec = options.method_for_model(c.spec, method_named, target)
+    return Engine(target, make_drafter(spec, target, c.sampling), c.sampling)
 
 
 @main.command()
@@ -99,7 +102,7 @@ def generate(prompt, system, raw, as_json, **kw):
     c = options.configs("generate", kw)
     if not prompt.strip():
         raise EdgespecError("the prompt is empty; give some text")
-    engine = load_engine(c)
+    engine = load_engine(c, method_named="method" in options.given("generate", kw))
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     query = prompt if raw else messages

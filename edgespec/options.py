@@ -85,7 +85,7 @@ _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 
 SURFACES: dict[str, Surface] = {
-    "generate": Surface(CONFIGS),
+    "generate": Surface(CONFIGS, defaults={"method": _INTERACTIVE}),
     "bench": Surface(CONFIGS, skip=("method",), defaults={  # bench takes --methods, a list
         "max_tokens": Default(128, "bench's own, so a 24-prompt run takes minutes on a CPU")}),
     "chat": Surface(CONFIGS, skip=("model",), defaults={"method": _INTERACTIVE}),  # MODEL: argument

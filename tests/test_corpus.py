@@ -183,6 +183,20 @@ def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
     path = str(tiny_models.path())  # the same weights as ``target``: the corpus fits
     assert open_session(path, **args, method_named=False).method == "corpus"
     assert open_session(path, **args, method_named=True).method == "lookup"
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    def generate(*extra):
+        res = CliRunner().invoke(main, ["generate", "--model", path, "--json", "--max-tokens", "8",
+                                        *extra, PROMPT], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output.strip().splitlines()[-1])["method"]
+
+    assert generate() == "corpus"  # `edgespec generate` takes the same default
+    assert generate("--method", "none") == "none"
+    monkeypatch.delenv("EDGESPEC_HEADS")
+    assert generate() == "lookup"
 
 
 def test_runners_up_are_siblings_and_count_in_the_calibration():
