@@ -123,21 +123,32 @@ def _isas(mod):
 
 
 def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
+    """Every ISA, with the weights dequantized per 4-row block and once for all rows (the
+    default on Intel CPUs): within tolerance of the twin, and a row alone has its bits in a
+    batch of 18 (the buffered path) and of 7 (buffered, a ragged last block)."""
     rng = np.random.default_rng(1)
-    before = mod.isa()
+    before, buffered = mod.isa(), mod.buffered_dequantization()
     try:
         for isa in _isas(mod):
             mod.set_isa(isa)
             for bits in (4, 8):
                 q = _quantized(rng, 3001, 576, 64, bits)  # threaded: many chunks, a ragged one
                 x = mx.array(rng.standard_normal((2, 9, 576), dtype=np.float32))
-                y = quantized_small_matmul_native(x, *q, 64, bits)
-                assert y.shape == (2, 9, 3001)
-                _close(y, x, q, 64, bits)
                 alone = quantized_small_matmul_native(x[1, 4:5], *q, 64, bits)
-                assert mx.array_equal(alone, y[1, 4:5]).item()
+                results = []
+                for on in (False, True):
+                    mod.set_buffered_dequantization(on)
+                    y = quantized_small_matmul_native(x, *q, 64, bits)
+                    assert y.shape == (2, 9, 3001)
+                    _close(y, x, q, 64, bits)
+                    assert mx.array_equal(alone, y[1, 4:5]).item(), (isa, bits, on)
+                    seven = quantized_small_matmul_native(x[1, :7], *q, 64, bits)
+                    assert mx.array_equal(seven, y[1, :7]).item(), (isa, bits, on)
+                    results.append(y)
+                assert mx.array_equal(*results).item()
     finally:
         mod.set_isa(before)
+        mod.set_buffered_dequantization(buffered)
 
 
 def test_bad_layouts_raise_kernel_error(mod):  # noqa: F811

@@ -62,6 +62,10 @@ NB_MODULE(_edgespec_native, m) {
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");
   m.def("supported_isas", &edgespec_native::supported_isas, "The CPU's ISAs, best first.");
+  m.def("buffered_dequantization", &edgespec_native::buffered_dequantization,
+        "Whether quantized products of more than 4 rows dequantize each block of weights once.");
+  m.def("set_buffered_dequantization", &edgespec_native::set_buffered_dequantization, "on"_a,
+        "Turns that on or off (tests and A/B timings).");
   m.def("threads", &edgespec_native::threads, "Threads the kernels split N over.");
   m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5,
         "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "

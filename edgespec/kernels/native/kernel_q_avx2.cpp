@@ -54,6 +54,7 @@ struct Deq<8> : GroupScale {
 #define VEC __m256
 #define LANES 8
 #define VZERO() _mm256_setzero_ps()
+#define VSTORE(p, v) _mm256_store_ps((p), (v))
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum256(v)
@@ -67,8 +68,8 @@ struct Deq<8> : GroupScale {
 
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
-                int64_t K, int64_t gs, int64_t n0, int64_t n1) {
-  qrows_avx2_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+                int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf) {
+  qrows_avx2_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1, buf);
 }
 
 }  // namespace edgespec_native

@@ -51,6 +51,7 @@ struct Deq<8> {
 #define VEC __m512
 #define LANES 16
 #define VZERO() _mm512_setzero_ps()
+#define VSTORE(p, v) _mm512_store_ps((p), (v))
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSUM(v) _mm512_reduce_add_ps(v)
@@ -64,8 +65,8 @@ struct Deq<8> {
 
 void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
-                  int64_t K, int64_t gs, int64_t n0, int64_t n1) {
-  qrows_avx512_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+                  int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf) {
+  qrows_avx512_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1, buf);
 }
 
 }  // namespace edgespec_native

@@ -1,7 +1,9 @@
 // See quantized_matmul.h and kernel_q.h.
 #include "quantized_matmul.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,10 +47,36 @@ void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int
 
 namespace {
 
+// -1: not decided yet; then 0 or 1 (see buffered_dequantization).
+std::atomic<int> g_buffered{-1};
+
+}  // namespace
+
+bool buffered_dequantization() {
+  int on = g_buffered.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* env = std::getenv("EDGESPEC_QBUFFER");
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    const bool intel = __builtin_cpu_is("intel");
+#else
+    const bool intel = false;
+#endif
+    on = env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] - '0' : intel;
+    g_buffered.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+void set_buffered_dequantization(bool on) { g_buffered.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+namespace {
+
 struct QJob {
   int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
   bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
+  bool buffered;  // more than 4 rows: dequantize each column block once (kernel_q.h's buf)
   const int8_t *xe, *xo;
   const float *dl, *xs;
   int64_t ldxq, ldd, ldxs;
@@ -69,12 +97,18 @@ void run_qchunk(void* ctx, int64_t chunk) {
   if (j.q8)
     return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
                              j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
+  float* buf = nullptr;
+  if (j.buffered) {  // this thread's scratch, 64-byte aligned, grown as needed
+    thread_local std::vector<float> room;
+    if (static_cast<int64_t>(room.size()) < 4 * j.K + 16) room.resize(4 * j.K + 16);
+    buf = room.data() + (16 - reinterpret_cast<uintptr_t>(room.data()) / 4 % 16) % 16;
+  }
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
-                        j.gs, n0, n1);
+                        j.gs, n0, n1, buf);
   if (j.isa == 1)
     return qrows_avx2(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
-                      j.gs, n0, n1);
+                      j.gs, n0, n1, buf);
 #endif
   qrows_generic(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs,
                 n0, n1);
@@ -142,6 +176,7 @@ void check(bool ok, const std::string& what) {
 
 void run_qjob(QJob job) {
   if (job.M == 0 || job.N == 0) return;
+  job.buffered = !job.q8 && job.isa != 0 && job.M > 4 && buffered_dequantization();
   std::vector<float> xp;
   X8 x8;
   if (job.q8) {
@@ -175,7 +210,7 @@ void run_qjob(QJob job) {
 void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
                             int64_t K, int group_size, int bits, bool q8) {
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr,
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, false, nullptr, nullptr,
            nullptr, nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
            K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
   run_qjob(job);
@@ -223,7 +258,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr,
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, false, nullptr, nullptr,
            nullptr, nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),

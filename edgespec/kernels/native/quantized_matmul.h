@@ -27,6 +27,12 @@ void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, con
 // AVX-512 code is in use and the CPU has AVX-512 BW and VNNI.
 bool has_q8_activations();
 
+// Whether products of more than 4 rows dequantize each block of packed rows once for all rows
+// (kernel_q.h's buf) rather than once per 4-row block: by default on Intel CPUs, where it was
+// measured faster; EDGESPEC_QBUFFER=0/1 decides instead, and so does the setter (for tests).
+bool buffered_dequantization();
+void set_buffered_dequantization(bool on);
+
 class QuantizedSmallMatmul : public mx::UnaryPrimitive {
  public:
   QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits, bool q8)
