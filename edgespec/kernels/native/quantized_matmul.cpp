@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -189,9 +190,17 @@ void run_qjob(QJob job) {
     job.ldd = x8.ldd;
     job.ldxs = job.K / job.gs;
   } else if (job.bits == 4 && job.isa != 0) {
-    xp.resize(job.M * job.K);
-    deinterleave32(job.x, job.ldx, xp.data(), job.M, job.K);
-    job.x = xp.data();
+    xp.resize(job.M * job.K + 16);  // rows from a 64-byte boundary: no load splits a line
+    float* at = xp.data() + (16 - reinterpret_cast<uintptr_t>(xp.data()) / 4 % 16) % 16;
+    deinterleave32(job.x, job.ldx, at, job.M, job.K);
+    job.x = at;
+    job.ldx = job.K;
+  } else if (job.buffered && reinterpret_cast<uintptr_t>(job.x) % 64 != 0) {
+    xp.resize(job.M * job.K + 16);  // the same for 8 bits (a head's x comes from MLX)
+    float* at = xp.data() + (16 - reinterpret_cast<uintptr_t>(xp.data()) / 4 % 16) % 16;
+    for (int64_t m = 0; m < job.M; ++m)
+      std::memcpy(at + m * job.K, job.x + m * job.ldx, job.K * sizeof(float));
+    job.x = at;
     job.ldx = job.K;
   }
   // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
