@@ -23,7 +23,6 @@ import mlx.nn as nn
 
 from ..cache import KVCache
 from .activations import silu
-from .align import aligned
 from .attention import attend, prepare
 from . import native
 from .backend import SMALL_M_MAX, choice_key, on_cpu
@@ -122,14 +121,8 @@ class FusedBlock:
 
         def joined(mods):
             parts = [mx.concatenate([lin[n] for lin in mods]) for n in names]
-            return tuple(parts) if quantized else line_up(parts[0])
+            return tuple(parts) if quantized else parts[0]
 
-        # On the CPU every float weight starts on a cache line (kernels/align.py); o and down
-        # are replaced in their modules by that copy, so there is still one of each
-        line_up = aligned if on_cpu() else (lambda a: a)
-        if not quantized:
-            for lin in (a.o_proj, m.down_proj):
-                lin.weight = line_up(lin.weight)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
              "wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu), "wd": one(m.down_proj)}
         if "bias" in a.q_proj:

@@ -22,9 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache import KVCache
-from ..kernels.align import aligned
 from ..kernels.attention import prepare
-from ..kernels.backend import on_cpu
 from ..kernels.matmul import linear
 
 
@@ -114,13 +112,7 @@ class Decoder(nn.Module):
         return x, captured
 
     def fuse(self) -> int:
-        """Fuse every block that has a fused form; returns how many now run fused. On the CPU
-        the LM head's float weight is first moved to start on a cache line
-        (``kernels/align.py``)."""
-        if on_cpu():
-            head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
-            if type(head) in (nn.Embedding, nn.Linear):
-                head.weight = aligned(head.weight)
+        """Fuse every block that has a fused form; returns how many now run fused."""
         return sum(block.fuse() for block in self.model.layers)
 
     def logits(self, hidden: mx.array) -> mx.array:
