@@ -9,6 +9,7 @@ import pytest
 from edgespec.drafters.confidence import Calibration, best_first, choose, path_probs
 from edgespec.targets import cost
 from edgespec.targets.cost import CostCurve, best_budget, measure_cost_curve, verify_cost_curve
+from edgespec.tree import DraftTree
 
 CPU_LIKE = CostCurve((1, 2, 4, 8, 16), (20.0, 24.0, 30.0, 44.0, 80.0))  # 8 nodes: 2.2x one
 
@@ -103,3 +104,28 @@ def test_path_probabilities_and_an_ancestor_closed_cut():
     assert budget is not None and keep.tolist() == order[: budget.nodes].tolist()
     keep, budget = choose(parents, edge, Calibration(), None, 0.0, 3, 63)
     assert budget is None and keep.tolist() == order[:3].tolist()
+
+
+def test_measured_in_interleaved_rounds_and_never_cheaper_for_more_nodes(target):
+    """Sizes are visited in turn, round after round (a slow spell hits all alike), and a size
+    measured slower than a larger one (here: every 1-node forward made 40 ms slower) takes the
+    larger one's time."""
+    import time
+
+    seen = []
+
+    class Slow1:
+        def __getattr__(self, name):
+            return getattr(target, name)
+
+        def score(self, tree, cache, **kw):
+            if isinstance(tree, DraftTree):
+                seen.append(len(tree.tokens))
+                if len(tree.tokens) == 1:
+                    time.sleep(0.04)
+            return target.score(tree, cache, **kw)
+
+    curve = measure_cost_curve(Slow1(), sizes=(1, 2, 4), context=16, repeats=2)
+    assert seen == [1, 2, 4] * 3  # a warm-up round, then two
+    assert curve.times[0] <= curve.times[1] <= curve.times[2] < 40.0
+    assert cost.monotone([38.0, 18.0, 20.0, 19.0, 21.0, 30.0]) == (18.0, 18.0, 19.0, 19.0, 21.0, 30.0)
