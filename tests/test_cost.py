@@ -126,6 +126,6 @@ def test_measured_in_interleaved_rounds_and_never_cheaper_for_more_nodes(target)
             return target.score(tree, cache, **kw)
 
     curve = measure_cost_curve(Slow1(), sizes=(1, 2, 4), context=16, repeats=2)
-    assert seen == [1, 2, 4] * 3  # a warm-up round, then two
+    assert seen == [1, 2, 4] + [1, 1, 2, 2, 4, 4] * 2  # a warm-up round, then two of pairs
     assert curve.times[0] <= curve.times[1] <= curve.times[2] < 40.0
     assert cost.monotone([38.0, 18.0, 20.0, 19.0, 21.0, 30.0]) == (18.0, 18.0, 19.0, 19.0, 21.0, 30.0)
