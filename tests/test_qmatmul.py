@@ -108,6 +108,13 @@ def test_q8_activations_are_opt_in(mod, monkeypatch):  # noqa: F811
         backend.use_q8_activations(4)
     monkeypatch.setenv(backend.Q8_ENV, "1")
     assert "int8 activations" in backend.native_summary()
+    before = mod.buffered_dequantization()
+    try:
+        for on, words in ((True, "weights unpacked once for all rows"), (False, "weights unpacked per 4 rows")):
+            mod.set_buffered_dequantization(on)
+            assert words in backend.native_summary()
+    finally:
+        mod.set_buffered_dequantization(before)
     if not mod.has_q8_activations():
         assert not backend.use_q8_activations(4)
         return

@@ -133,8 +133,10 @@ def native_summary() -> str:
     q8 = ("off" if not q8_activations_requested() else
           "on: x rounded to int8 per 32 values" if use_q8_activations(4) else
           f"asked ({Q8_ENV}=1) but no AVX-512 VNNI code here: float x")
+    unpack = ("once for all rows" if mod.buffered_dequantization() else "per 4 rows")
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
-            f", quantized_small_matmul (4/8-bit; int8 activations {q8}), tree_attention (<= 64 nodes), rms_norm, "
+            f", quantized_small_matmul (4/8-bit; int8 activations {q8}; weights unpacked {unpack}),"
+            f" tree_attention (<= 64 nodes), rms_norm, "
             f"qkv_rope, decoder_block (float or 4/8-bit, <= {SMALL_M_MAX} tokens), {st.reason}")
 
 
