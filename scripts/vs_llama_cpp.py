@@ -17,6 +17,14 @@ weights as they are: the demo's Q4_1 values held in 8 bits) and compares on that
 model throughout, which edgespec keeps as MLX 8-bit (group 32). The prompts are MT-bench's
 (measuring only).
 Run it on an otherwise idle machine; the table names the CPU.
+
+MKL runs single-threaded here (``MKL_NUM_THREADS=1`` unless set): with MKL's own OpenMP threads
+in the process, llama.cpp's threads decoded at 29-34 tok/s instead of 102 (Intel Xeon VM, after
+edgespec's float32 prefills had used MKL), while edgespec's float32 decoding did not change
+(47.5 against 47.9 tok/s: its products of up to 32 rows are its own kernels). On a CPU that
+reports AMX (Intel Sapphire Rapids and later) in a VM, llama-cpp-python 0.3.36's default build
+crashed in ``llama_decode``; building it without AMX works: ``CMAKE_ARGS="-DGGML_NATIVE=OFF
+-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON" pip install llama-cpp-python``.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-import edgespec  # noqa: F401  (first: it loads the optimized BLAS before MLX starts)
+os.environ.setdefault("MKL_NUM_THREADS", "1")  # before MKL loads (edgespec's import): see above
+import edgespec  # noqa: E402,F401  (first: it loads the optimized BLAS before MLX starts)
 import mlx.core as mx
 
 from edgespec.bench import environment, load_prompts
