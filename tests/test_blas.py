@@ -89,3 +89,21 @@ def test_default_order_prefers_openblas_on_amd(tmp_path):
     assert _blas.default_order(str(amd)) == ["openblas", "mkl"]
     assert _blas.default_order(str(intel)) == ["mkl", "openblas"]
     assert _blas.default_order(str(tmp_path / "missing")) == ["mkl", "openblas"]
+
+
+def test_mkl_threads_sleep_after_a_product_unless_the_user_says_otherwise(monkeypatch):
+    """Loading MKL sets KMP_BLOCKTIME=0 first (its OpenMP threads would otherwise spin 200 ms
+    after each call, taking a core from the native kernels); a value the user set is kept."""
+    if not LINUX:
+        pytest.skip("Linux only")
+    monkeypatch.setattr(_blas, "_candidates", lambda name: [])
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    with pytest.raises(ConfigError):
+        _blas._load("mkl")  # nothing to load here, but the variable is set before trying
+    assert os.environ["KMP_BLOCKTIME"] == "0"
+    monkeypatch.setenv("KMP_BLOCKTIME", "50")
+    _blas.quiet_openmp_threads()
+    assert os.environ["KMP_BLOCKTIME"] == "50"
+    monkeypatch.delenv("KMP_BLOCKTIME")
+    _blas._load("off")
+    assert "KMP_BLOCKTIME" not in os.environ  # no MKL, nothing set
