@@ -24,12 +24,10 @@ void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int
 // kernel_q_blocks.inc).
 void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
-                  int64_t K, int64_t gs, int64_t n0, int64_t n1,
-                  float* buf);
+                  int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf);
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
-                int64_t K, int64_t gs, int64_t n0, int64_t n1,
-                float* buf);
+                int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf);
 // The opt-in int8-activation form (AVX-512 VNNI; kernel_q8_avx512.cpp), x quantized per
 // 32-value block to int8 q with scale d. 4 bits: xe / xo (M rows of Kp/2 int8, row stride
 // ldxq; Kp = K rounded up to 128, zeros past K) hold q at even / odd positions; dl (M, ldd >=
