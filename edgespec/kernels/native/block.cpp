@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned_room.h"
 #include "attention_core.h"
 #include "dispatch.h"
 #include "exp_neg.h"
@@ -105,9 +106,8 @@ void run_block(const BlockJob& j) {
   const int64_t sizes[8] = {N * H, N * nqkv, N * nq, N * nq, N * nq, N * H, N * 2 * I, N * I};
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + 15) / 16 * 16;  // each part 64-byte aligned from the start
-  if (static_cast<int64_t>(scratch.size()) < total + 16) scratch.resize(total + 16);
   float* part[8];
-  float* at = scratch.data() + (16 - reinterpret_cast<uintptr_t>(scratch.data()) / 4 % 16) % 16;
+  float* at = aligned_room(scratch, total);
   for (int i = 0; i < 8; ++i) {
     part[i] = at;
     at += (sizes[i] + 15) / 16 * 16;

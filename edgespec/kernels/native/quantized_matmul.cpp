@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned_room.h"
 #include "dispatch.h"
 #include "kernel_q.h"
 #include "mlx/allocator.h"
@@ -99,10 +100,9 @@ void run_qchunk(void* ctx, int64_t chunk) {
     return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
                              j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
   float* buf = nullptr;
-  if (j.buffered) {  // this thread's scratch, 64-byte aligned, grown as needed
+  if (j.buffered) {  // this thread's scratch, grown as needed
     thread_local std::vector<float> room;
-    if (static_cast<int64_t>(room.size()) < 4 * j.K + 16) room.resize(4 * j.K + 16);
-    buf = room.data() + (16 - reinterpret_cast<uintptr_t>(room.data()) / 4 % 16) % 16;
+    buf = aligned_room(room, 4 * j.K);
   }
   if (j.isa == 2)
     return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
@@ -190,14 +190,12 @@ void run_qjob(QJob job) {
     job.ldd = x8.ldd;
     job.ldxs = job.K / job.gs;
   } else if (job.bits == 4 && job.isa != 0) {
-    xp.resize(job.M * job.K + 16);  // rows from a 64-byte boundary: no load splits a line
-    float* at = xp.data() + (16 - reinterpret_cast<uintptr_t>(xp.data()) / 4 % 16) % 16;
+    float* at = aligned_room(xp, job.M * job.K);  // rows on cache lines: no load splits one
     deinterleave32(job.x, job.ldx, at, job.M, job.K);
     job.x = at;
     job.ldx = job.K;
   } else if (job.buffered && reinterpret_cast<uintptr_t>(job.x) % 64 != 0) {
-    xp.resize(job.M * job.K + 16);  // the same for 8 bits (a head's x comes from MLX)
-    float* at = xp.data() + (16 - reinterpret_cast<uintptr_t>(xp.data()) / 4 % 16) % 16;
+    float* at = aligned_room(xp, job.M * job.K);  // the same for 8 bits (a head's x is MLX's)
     for (int64_t m = 0; m < job.M; ++m)
       std::memcpy(at + m * job.K, job.x + m * job.ldx, job.K * sizeof(float));
     job.x = at;
