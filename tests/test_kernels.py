@@ -296,19 +296,20 @@ def test_a_products_bits_do_not_depend_on_where_the_weight_starts(mod):
     n, k = 48, 576
     flat = mx.random.normal((n * k,), key=mx.random.key(3))
     xs = {m: mx.random.normal((m, k), key=mx.random.key(m)) for m in (1, 5, 8, 16)}
-    outs, missing, base = {}, set(range(0, 64, 4)), 24
-    for _ in range(200):  # where a buffer lands varies: aim each copy at an offset not seen yet
-        lead = ((min(missing) - base) % 64) // 4
-        buf = mx.concatenate([mx.zeros((lead,)), flat, mx.zeros((16 - lead,))])
-        w = buf[lead : lead + n * k].reshape(n, k)
+    # 16 copies in one buffer, copy j shifted by j floats; each copy spans a whole number of
+    # cache lines, so wherever the buffer lands the copies start at all 16 offsets within one
+    seg = n * k + 16
+    buf = mx.concatenate([part for lead in range(16)
+                          for part in (mx.zeros((lead,)), flat, mx.zeros((16 - lead,)))])
+    mx.eval(buf)
+    outs, missing = {}, set(range(0, 64, 4))
+    for lead in range(16):
+        w = buf[lead * seg + lead : lead * seg + lead + n * k].reshape(n, k)
         mx.eval(w)
         start = np.asarray(w).__array_interface__["data"][0] % 64
-        base = (start - 4 * lead) % 64
         missing.discard(start)
         for m, x in xs.items():
             y = np.array(mod.small_matmul(x, w))
             assert m not in outs or np.array_equal(y, outs[m]), (start, m)
             outs[m] = y
-        if not missing:
-            break
     assert not missing, missing  # every 4-byte offset within a cache line was tried
