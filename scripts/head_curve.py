@@ -98,37 +98,60 @@ def main() -> None:
     ap.add_argument("--json", help="write the curve here")
     a = ap.parse_args()
 
+    if not 0 < a.train_fraction <= 1:
+        raise SystemExit(f"--train-fraction must be in (0, 1], got {a.train_fraction}")
+    if a.warmup < 1 or a.minutes <= 0:
+        raise SystemExit(f"--warmup must be >= 1 and --minutes > 0, got {a.warmup} and {a.minutes}")
     store = FeatureStore.open(Path(a.work_dir) / "features")
     target = load_target(resolve_model(a.model), dtype="float32")
     train_seqs, held_seqs = trainer.split(len(store), a.held_out, a.seed)
-    if not 0 < a.train_fraction <= 1:
-        raise SystemExit(f"--train-fraction must be in (0, 1], got {a.train_fraction}")
     keep = np.random.default_rng([a.seed, 5]).permutation(len(train_seqs))
     n_train = max(1, round(a.train_fraction * len(train_seqs)))
     train_seqs = sorted(train_seqs[i] for i in keep[:n_train])
     base = ngram_agreement(store, train_seqs, held_seqs)
     print(f"store: {len(store)} sequences, {store.tokens} tokens; training on {len(train_seqs)}, "
-          f"held out {len(held_seqs)}; "
-          f"n-gram tables on the held-out rows: {base}", flush=True)
+          f"held out {len(held_seqs)}; n-gram tables on the held-out rows: {base}", flush=True)
+    head, coverage = fresh_head(target, store, train_seqs, held_seqs, a.draft_vocab, a.seed)
+    result = {"settings": vars(a), "store": {"sequences": len(store), "tokens": store.tokens,
+                                             "train_sequences": len(train_seqs)},
+              "draft_vocab_coverage": coverage, "ngram": base, "curve": []}
+    objective = Eagle3Objective(head, target, store, a.depths)
+    train_w = trainer.windows(store, train_seqs, objective, a.window)
+    held_w = trainer.windows(store, held_seqs, objective, a.window)
+    sample = np.random.default_rng([a.seed, 3]).choice(
+        len(train_w), min(len(held_w), len(train_w)), replace=False)
+    print(f"draft vocabulary {head.config.draft_vocab_size} covers {coverage:.1%} of held-out "
+          f"labels; {len(train_w)} training windows "
+          f"({trainer.steps_per_epoch(len(train_w), a.batch_size)} steps an epoch)", flush=True)
 
-    mx.random.seed(a.seed)
-    ids, coverage = draft_vocabulary(store, train_seqs, held_seqs, a.draft_vocab,
-                                     target.args.vocab_size)
+    def save():  # after every evaluation: a killed run keeps its curve so far
+        if a.json:
+            Path(a.json).write_text(json.dumps(result, indent=1))
+
+    rows_per_s = train_curve(a, objective, train_w, {"held": held_w,
+                             "train_sample": [train_w[i] for i in sample]}, result["curve"], save)
+    result["rows_per_s"] = rows_per_s
+    save()
+    print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+
+
+def fresh_head(target, store: FeatureStore, train_seqs, held_seqs, vocab: int, seed: int):
+    """A new head as ``edgespec train`` builds one (seeded; its LM head the target's rows of
+    the draft vocabulary), and what that vocabulary covers of the held-out labels."""
+    mx.random.seed(seed)
+    ids, coverage = draft_vocabulary(store, train_seqs, held_seqs, vocab, target.args.vocab_size)
     config = HeadConfig.for_target(target, "eagle3", draft_vocab_size=len(ids),
                                    aux_layers=tuple(store.meta["aux_layers"]))
     head = Eagle3Head(config)
     head.set_draft_vocab(ids)
     head.lm_head.weight = target_lm_head_rows(target, ids)
-    objective = Eagle3Objective(head, target, store, a.depths)
-    train_w = trainer.windows(store, train_seqs, objective, a.window)
-    held_w = sorted(trainer.windows(store, held_seqs, objective, a.window),
-                    key=lambda w: (w[2] - w[1], w))
-    sample = np.random.default_rng([a.seed, 3]).choice(len(train_w), len(held_w), replace=False)
-    train_sample = sorted((train_w[i] for i in sample), key=lambda w: (w[2] - w[1], w))
-    per_epoch = trainer.steps_per_epoch(len(train_w), a.batch_size)
-    print(f"draft vocabulary {len(ids)} covers {coverage:.1%} of held-out labels; "
-          f"{len(train_w)} training windows ({per_epoch} steps an epoch)", flush=True)
+    return head, coverage
 
+
+def train_curve(a, objective, train_w: list, evals: dict, curve: list, save) -> float:
+    """Train for ``a.minutes``; at steps 16, 24, 36, ... (x1.5) and at the end append a point
+    (held-out and training-sample metrics) to ``curve`` and call ``save``. Returns rows/s."""
+    head = objective.module
     lr = optim.join_schedules([optim.linear_schedule(a.lr / a.warmup, a.lr, a.warmup),
                                lambda _: mx.array(a.lr)], [a.warmup])
     opt = optim.AdamW(learning_rate=lr, weight_decay=0.0)
@@ -143,10 +166,11 @@ def main() -> None:
         opt.update(head, grads)
         return loss, metrics
 
-    curve, step, rows, trained_s = [], 0, 0, 0.0
-    next_eval, t_end = 16, time.perf_counter() + 60 * a.minutes
-    bar = tqdm(total=round(60 * a.minutes), desc="train (s of budget)", unit="s")
-    last_tick = time.perf_counter()
+    evals = {k: sorted(w, key=lambda w: (w[2] - w[1], w)) for k, w in evals.items()}
+    per_epoch = trainer.steps_per_epoch(len(train_w), a.batch_size)
+    step, rows, trained_s, next_eval = 0, 0, 0.0, 16
+    t_end = time.perf_counter() + 60 * a.minutes
+    bar = tqdm(total=round(60 * a.minutes), desc="train (s of the budget)", unit="s")
     while True:
         t0 = time.perf_counter()
         batch = objective.batch(trainer.batch_at(step, train_w, a.batch_size, a.seed))
@@ -157,31 +181,20 @@ def main() -> None:
         step += 1
         done = time.perf_counter() >= t_end
         if step == next_eval or done:
-            held = trainer.evaluate(objective, held_w, a.batch_size)
-            seen = trainer.evaluate(objective, train_sample, a.batch_size)
             point = {"step": step, "epochs": round(step / per_epoch, 2), "rows": rows,
-                     "train_s": round(trained_s, 1), "held": held,
-                     "train_sample": {k: v for k, v in seen.items()}}
+                     "train_s": round(trained_s, 1),
+                     **{k: trainer.evaluate(objective, w, a.batch_size) for k, w in evals.items()}}
             curve.append(point)
+            save()
+            scores = " | ".join(f"{k} d0 {point[k]['d0']:.4f} loss {point[k]['loss']:.3f}"
+                                for k in evals)
             tqdm.write(f"step {step:5d} ({point['epochs']:5.2f} epochs, {rows:8d} rows, "
-                       f"{trained_s:6.0f} s): held d0 {held['d0']:.4f} loss {held['loss']:.3f} | "
-                       f"train-sample d0 {seen['d0']:.4f} loss {seen['loss']:.3f}")
+                       f"{trained_s:6.0f} s): {scores}")
             next_eval = max(next_eval + 1, round(next_eval * 1.5))
-        now = time.perf_counter()
-        bar.update(min(round(now - last_tick), bar.total - bar.n))
-        last_tick += round(now - last_tick)
+        bar.n = min(round(60 * a.minutes - max(t_end - time.perf_counter(), 0)), bar.total)
+        bar.refresh()
         if done:
-            break
-    bar.close()
-    result = {"settings": vars(a), "store": {"sequences": len(store), "tokens": store.tokens,
-                                             "train_sequences": len(train_seqs)},
-              "draft_vocab_coverage": coverage, "ngram": base,
-              "rows_per_s": round(rows / trained_s, 1),
-              "curve": curve}
-    print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
-    if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1))
-
+            return round(rows / trained_s, 1)
 
 if __name__ == "__main__":
     main()
