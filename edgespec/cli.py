@@ -196,8 +196,10 @@ def train(kind, **kw):
     itself, answered by the model; never the evaluation prompts. The head goes to --out; a
     corpus there for the same model gains this run's answers as one more source.
     """
+    from .loading._blas import busy_openmp_threads
     from .training.recipe import run
 
+    busy_openmp_threads()  # all MKL from here on: its threads may spin between products
     settings = train_settings.settings_from(kind, kw)
     run(settings, log=lambda line: click.echo(line, err=True))
 

@@ -107,3 +107,32 @@ def test_mkl_threads_sleep_after_a_product_unless_the_user_says_otherwise(monkey
     monkeypatch.delenv("KMP_BLOCKTIME")
     _blas._load("off")
     assert "KMP_BLOCKTIME" not in os.environ  # no MKL, nothing set
+
+
+def test_training_gives_mkl_threads_back_their_spin_only_where_edgespec_took_it(monkeypatch):
+    """``busy_openmp_threads`` (called by ``edgespec train``, all MKL products) undoes
+    edgespec's own KMP_BLOCKTIME=0 and nothing a user set."""
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    monkeypatch.setattr(_blas, "_quieted", False)
+    _blas.quiet_openmp_threads()
+    assert os.environ["KMP_BLOCKTIME"] == "0"
+    _blas.busy_openmp_threads()
+    assert os.environ["KMP_BLOCKTIME"] == "200"
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")  # the user's choice this time
+    monkeypatch.setattr(_blas, "_quieted", False)
+    _blas.quiet_openmp_threads()
+    _blas.busy_openmp_threads()
+    assert os.environ["KMP_BLOCKTIME"] == "0"
+
+
+def test_the_train_command_lets_mkl_threads_spin(monkeypatch):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    calls = []
+    monkeypatch.setattr(_blas, "busy_openmp_threads", lambda: calls.append(1))
+    result = CliRunner().invoke(main, ["train", "eagle3", "--out", "/nonexistent/x",
+                                       "--questions", "-3"])
+    assert result.exit_code == 2 and "questions must be" in result.output  # refused after
+    assert calls == [1]
