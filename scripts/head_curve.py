@@ -24,7 +24,6 @@ shipped or tuned on evaluation prompts.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from collections import Counter, defaultdict
@@ -32,7 +31,6 @@ from pathlib import Path
 
 import edgespec  # noqa: F401  (first: it loads the optimized BLAS before MLX starts)
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from tqdm import tqdm
@@ -156,15 +154,7 @@ def train_curve(a, objective, train_w: list, evals: dict, curve: list, save) -> 
                                lambda _: mx.array(a.lr)], [a.warmup])
     opt = optim.AdamW(learning_rate=lr, weight_decay=0.0)
     opt.init(head.trainable_parameters())
-    grad_fn = nn.value_and_grad(head, lambda batch: objective.loss(head, batch))
-    live = [head.state, opt.state]
-
-    @functools.partial(mx.compile, inputs=live, outputs=live)
-    def step_fn(batch):
-        (loss, metrics), grads = grad_fn(batch)
-        grads, _ = optim.clip_grad_norm(grads, a.clip)
-        opt.update(head, grads)
-        return loss, metrics
+    step_fn, live = trainer.compiled_step(objective, opt, a.clip)
 
     evals = {k: sorted(w, key=lambda w: (w[2] - w[1], w)) for k, w in evals.items()}
     per_epoch = trainer.steps_per_epoch(len(train_w), a.batch_size)

@@ -164,6 +164,24 @@ def load_checkpoint(folder: Path, module: nn.Module, opt: optim.Optimizer) -> di
     return json.loads((path / "state.json").read_text())
 
 
+def compiled_step(objective, opt: optim.Optimizer, clip: float):
+    """One training step of ``objective.module`` as one compiled function of the batch: loss,
+    gradients, clipping to ``clip``, the optimizer's update. Returns it and the trees it updates
+    (``live``: evaluate them after each step). Build it after any checkpoint is loaded."""
+    module = objective.module
+    grad_fn = nn.value_and_grad(module, lambda batch: objective.loss(module, batch))
+    live = [module.state, opt.state]
+
+    @functools.partial(mx.compile, inputs=live, outputs=live)
+    def step_fn(batch):
+        (loss, metrics), grads = grad_fn(batch)
+        grads, _ = optim.clip_grad_norm(grads, clip)
+        opt.update(module, grads)
+        return loss, metrics
+
+    return step_fn, live
+
+
 # --- the loop ---------------------------------------------------------------------------------
 
 def train(objective, store: FeatureStore, plan: Plan, folder: Path, *, train_seqs: list[int],
@@ -181,19 +199,7 @@ def train(objective, store: FeatureStore, plan: Plan, folder: Path, *, train_seq
     start = state["step"] if state else 0
     history = state.get("history", []) if state else []
 
-    def loss_fn(batch):
-        return objective.loss(module, batch)
-
-    grad_fn = nn.value_and_grad(module, loss_fn)
-    live = [module.state, opt.state]  # after the checkpoint is loaded: the trees a step updates
-
-    @functools.partial(mx.compile, inputs=live, outputs=live)
-    def step_fn(batch):
-        (loss, metrics), grads = grad_fn(batch)
-        grads, _ = optim.clip_grad_norm(grads, plan.clip)
-        opt.update(module, grads)
-        return loss, metrics
-
+    step_fn, live = compiled_step(objective, opt, plan.clip)  # after the checkpoint is loaded
     bar = tqdm(total=plan.steps, initial=start, desc="train", unit="step")
     t0, step, stopped, rows = time.perf_counter(), start, False, 0
     last = history[-1] if history else {}
