@@ -67,7 +67,9 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
 
 
 def stream_bandwidth(mib: int = 256, repeats: int = 7) -> float:
-    """Bytes per second that all cores together read from memory (median of ``repeats``)."""
+    """Bytes per second that all cores together read from memory (median of ``repeats``).
+    numpy puts an array this large on huge pages on Linux, as ``Decoder.fuse`` does the
+    weights (``targets/weight_arena``)."""
     data = np.ones(mib * 2**20 // 4, dtype=np.float32)
     parts = np.array_split(data, os.cpu_count() or 1)
     with ThreadPoolExecutor(len(parts)) as pool:  # numpy's sum releases the GIL
@@ -137,6 +139,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "streamed_weights_mb": round(weight_bytes / 2**20, 1),
         "bandwidth_limit_tok_s": round(bandwidth / weight_bytes, 2),
+        "huge_page_mb": round(getattr(target.model, "huge_page_bytes", 0) / 2**20, 1),
         "fma_g_per_s": None if rate is None else round(rate / 1e9, 1),
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
     }
@@ -161,6 +164,8 @@ def format_findings(f: dict) -> str:
         f"bandwidth  {f['bandwidth_gb_s']:.1f} GB/s read (all cores) / {f['streamed_weights_mb']:.0f} MB "
         f"of weights per token = {f['bandwidth_limit_tok_s']:.1f} tok/s limit; plain decoding "
         f"reaches {100 * f['plain_decode_tok_s'] / f['bandwidth_limit_tok_s']:.0f}% of it",
+        f"           {f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on huge pages, "
+        "as the read's own array is (Linux; EDGESPEC_HUGE_PAGES=0 turns it off)",
     ]
     if f["fma_g_per_s"]:
         floor1 = 1e3 / f["bandwidth_limit_tok_s"]

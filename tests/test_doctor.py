@@ -30,6 +30,7 @@ def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
     share = round(100 * f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"])
     assert f"plain decoding reaches {share}% of it" in text
     assert "kernels" in text and "BLAS" in text
+    assert f"{f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on huge pages" in text
     if f["fma_g_per_s"]:  # the native module is built (CI builds it)
         assert "G multiply-adds/s (FMA loop, all cores)" in text
 

@@ -32,6 +32,7 @@ from .tree_mask import TreeMask
 from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope
 
 _PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
+_STREAMED = ("wqkv", "wo", "wgu", "wd")  # a block's projections, in the order a forward reads them
 
 
 # Forwards over at most this many tokens (decode steps, draft trees) run compiled; longer ones
@@ -100,7 +101,10 @@ class FusedBlock:
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
 
     @classmethod
-    def build(cls, block) -> FusedBlock | None:
+    def build(cls, block, placed: list[mx.array] | None = None) -> FusedBlock | None:
+        """The fused form of ``block``, or None where it has none. ``placed``: the arrays of
+        an earlier build's ``streamed()``, moved (``targets/weight_arena``); the block and its
+        modules then use them instead of making their own."""
         a, m = block.self_attn, block.mlp
         qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
         layers = (*qkv, *gu, a.o_proj, m.down_proj)
@@ -123,8 +127,18 @@ class FusedBlock:
             parts = [mx.concatenate([lin[n] for lin in mods]) for n in names]
             return tuple(parts) if quantized else parts[0]
 
+        if placed is None:
+            streamed = {"wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu),
+                        "wd": one(m.down_proj)}
+        else:
+            k = len(names)
+            streamed = {n: tuple(placed[i * k : i * k + k]) if quantized else placed[i]
+                        for i, n in enumerate(_STREAMED)}
+            for lin, n in ((a.o_proj, "wo"), (m.down_proj, "wd")):
+                for name, array in zip(names, streamed[n] if quantized else (streamed[n],)):
+                    setattr(lin, name, array)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
-             "wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu), "wd": one(m.down_proj)}
+             **streamed}
         if "bias" in a.q_proj:
             w["bqkv"] = mx.concatenate([lin.bias for lin in qkv])
         if "bias" in m.gate_proj:
@@ -146,6 +160,12 @@ class FusedBlock:
                 views.append(lin.weight)
         mx.eval([lin[n] for lin in (*qkv, *gu) for n in names])
         return cls(block, w, views, quant)
+
+    def streamed(self) -> list[mx.array]:
+        """The weights a forward streams, in the order it reads them (a quantized weight as
+        its packed weight, scales and biases)."""
+        return [a for n in _STREAMED
+                for a in (self.w[n] if isinstance(self.w[n], tuple) else (self.w[n],))]
 
     def current(self, block) -> bool:
         # item lookups (an nn.Module is a dict of its children and arrays): this runs for every

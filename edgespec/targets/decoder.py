@@ -20,10 +20,12 @@ from dataclasses import dataclass, fields
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..cache import KVCache
 from ..kernels.attention import prepare
 from ..kernels.matmul import linear
+from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Decoder(nn.Module):
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.model.layers = blocks
         self.model.norm = norm
+        self.huge_page_bytes = 0  # of the streamed weights, set by fuse()
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
@@ -112,8 +115,15 @@ class Decoder(nn.Module):
         return x, captured
 
     def fuse(self) -> int:
-        """Fuse every block that has a fused form; returns how many now run fused."""
-        return sum(block.fuse() for block in self.model.layers)
+        """Fuse every block that has a fused form, then put the weights a decoding step
+        streams on 2 MB pages (``weight_arena``: the same bits, new places; the bytes moved
+        are ``huge_page_bytes``); returns how many blocks now run fused."""
+        fused = sum(block.fuse() for block in self.model.layers)
+        if huge_pages_wanted():
+            head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+            streamed = pack_blocks(self.model.layers) + [a for _, a in tree_flatten(head.parameters())]
+            self.huge_page_bytes = sum(advise_huge_pages(a) for a in streamed)
+        return fused
 
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)

@@ -60,6 +60,7 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
+    del weights  # the model holds them: each array fuse() moves is freed as it goes
     mx.eval(model.parameters())
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)

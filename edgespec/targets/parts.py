@@ -181,6 +181,15 @@ class PreNormBlock(nn.Module):
         self._fused = FusedBlock.build(self)
         return self._fused is not None
 
+    def streamed(self) -> list[mx.array]:
+        """The fused weights a forward streams, in reading order (none when not fused)."""
+        return self._fused.streamed() if self._fused is not None else []
+
+    def place(self, arrays: list[mx.array]) -> None:
+        """Run fused on ``arrays``, copies of ``streamed()`` moved elsewhere (the modules'
+        weights become views of them too)."""
+        self._fused = FusedBlock.build(self, placed=arrays)
+
 
 def silu_block(a, *, bias: bool = False, mlp_bias: bool = False, traditional: bool = False,
                qk_norm: bool = False, rope: Rope | None = None) -> PreNormBlock:
@@ -224,3 +233,6 @@ class SandwichBlock(nn.Module):
 
     def fuse(self) -> bool:
         return False
+
+    def streamed(self) -> list[mx.array]:
+        return []

@@ -1,0 +1,138 @@
+"""The weights a decoding step streams, on 2 MB pages (Linux).
+
+A decoding step reads every block weight once, ~0.5 GB for the float32 demo model, from buffers
+MLX allocated with ordinary 4 KB pages: ~130,000 pages a token, each a TLB miss whose walk (two
+levels of tables in a VM) stalls the stream. On the dev VM (Intel Xeon, 2 cores) a one-row
+product over 0.5 GB streamed 28.9 GB/s on 4 KB pages and 31.5-32.4 GB/s on 2 MB pages (a
+standalone harness, stop 27), and `edgespec doctor`'s bandwidth figure is numpy's read of its
+own arrays, which numpy already puts on 2 MB pages.
+
+Linux gives an anonymous buffer transparent huge pages only where it is asked to (the default
+``madvise`` policy), so this module asks:
+
+- ``pack_blocks``: a fused model's block weights (q|k|v, o, gate|up, down per block, float or
+  the quantized triplets) are copied into a few large buffers, one per dtype and ~128 MB of
+  blocks, in the order a forward reads them, and each block is rebuilt on views of them
+  (``FusedBlock.build(block, placed=...)``). The same bits, in new places: one buffer of 128 MB
+  loses at most its two partial 2 MB pages at the ends, where the 120 separate buffers of the
+  demo's blocks (1.3-7 MB each) lost most of theirs.
+- ``advise_huge_pages``: ``madvise(MADV_HUGEPAGE)`` on an array's whole 2 MB pages, then
+  ``MADV_COLLAPSE`` (Linux 6.1+) to move them onto huge pages now rather than when the kernel's
+  background scanner gets to them (minutes for a model).
+
+``Decoder.fuse`` does both, for the blocks and the LM head (one buffer of its own already).
+
+Moving the demo's 0.5 GB took 0.4-1.0 s at load on the dev VM (most of it the kernel finding 2 MB
+pages). ``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux it does nothing. The result
+is recorded per model (``huge_page_bytes``) and printed by ``edgespec doctor``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+
+
+def _huge_page_size() -> int:
+    try:  # 2 MB on x86-64 and on arm64 with 4 KB pages; larger with larger base pages
+        return int(open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+_PAGE = _huge_page_size()
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
+_CHUNK = 128 << 20  # bytes of blocks packed per buffer
+# Each packed array starts a multiple of 64 bytes after its buffer's start: where it lies within
+# a cache line is then what it was in a buffer of its own (MLX's start 24 bytes past a line).
+_ALIGN = 64
+
+
+def huge_pages_wanted() -> bool:
+    return sys.platform.startswith("linux") and os.environ.get("EDGESPEC_HUGE_PAGES", "1") != "0"
+
+
+def _madvise():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def buffer_address(array: mx.array) -> int:
+    """Where an evaluated array's first element lies in memory (a view's, not its buffer's)."""
+    if array.dtype == mx.bfloat16:  # numpy has no bfloat16; the same bytes as uint16
+        array = array.view(mx.uint16)
+    return np.array(array, copy=False).ctypes.data
+
+
+def advise_huge_pages(array: mx.array) -> int:
+    """Put the whole huge pages inside ``array``'s bytes on huge pages; returns how many bytes
+    are there now (0 where this is off, the array is too small, or the kernel declines)."""
+    if not huge_pages_wanted() or array.nbytes < _PAGE:
+        return 0
+    mx.eval(array)
+    start = buffer_address(array)
+    lo, hi = -(-start // _PAGE) * _PAGE, (start + array.nbytes) // _PAGE * _PAGE
+    if hi <= lo:
+        return 0
+    madvise = _madvise()
+    if madvise(lo, hi - lo, _MADV_HUGEPAGE) != 0:
+        return 0  # transparent huge pages off ('never') or unsupported
+    # Without MADV_COLLAPSE (before Linux 6.1) the pages move when khugepaged reaches them.
+    return hi - lo if madvise(lo, hi - lo, _MADV_COLLAPSE) == 0 else 0
+
+
+def _pack(arrays: list[mx.array]) -> tuple[list[mx.array], list[mx.array]]:
+    """Copies of ``arrays`` laid out in one buffer per dtype (see ``_ALIGN``); returns (the
+    copies, in order, as views; the buffers)."""
+    views: list[mx.array | None] = [None] * len(arrays)
+    buffers = []
+    for dtype in dict.fromkeys(a.dtype for a in arrays):
+        idx = [i for i, a in enumerate(arrays) if a.dtype == dtype]
+        step = _ALIGN // dtype.size
+        parts, offsets, at = [], [], 0
+        for i in idx:
+            a = arrays[i]
+            offsets.append(at)
+            pad = -a.size % step
+            parts.append(a.reshape(-1))
+            if pad:
+                parts.append(mx.zeros((pad,), dtype))
+            at += a.size + pad
+        buffer = mx.concatenate(parts)
+        for i, off in zip(idx, offsets):
+            views[i] = buffer[off : off + arrays[i].size].reshape(arrays[i].shape)
+        buffers.append(buffer)
+    mx.eval(views, buffers)
+    return views, buffers
+
+
+def pack_blocks(blocks, chunk_bytes: int = _CHUNK, min_bytes: int = 2 * _PAGE) -> list[mx.array]:
+    """Move the fused blocks' streamed weights (``block.streamed()``) into shared buffers of
+    about ``chunk_bytes`` of consecutive blocks each, a group smaller than ``min_bytes`` left
+    where it is; returns the buffers. Blocks without a fused form keep their weights."""
+    fused = [(b, b.streamed()) for b in blocks]
+    fused = [(b, own) for b, own in fused if own]
+    buffers, i = [], 0
+    while i < len(fused):
+        group, size = [], 0
+        while i < len(fused) and (not group or size < chunk_bytes):
+            group.append(fused[i])
+            size += sum(a.nbytes for a in fused[i][1])
+            i += 1
+        if size < min_bytes:
+            continue
+        views, own_buffers = _pack([a for _, own in group for a in own])
+        at = 0
+        for block, own in group:
+            block.place(views[at : at + len(own)])
+            at += len(own)
+        buffers += own_buffers
+    return buffers
