@@ -121,22 +121,27 @@ def _pack(arrays: list[mx.array]) -> tuple[list[mx.array], list[mx.array]]:
 def pack_blocks(blocks, chunk_bytes: int = _CHUNK, min_bytes: int = 2 * _PAGE) -> list[mx.array]:
     """Move the fused blocks' streamed weights (``block.streamed()``) into shared buffers of
     about ``chunk_bytes`` of consecutive blocks each, a group smaller than ``min_bytes`` left
-    where it is; returns the buffers. Blocks without a fused form keep their weights."""
-    fused = [(b, b.streamed()) for b in blocks]
-    fused = [(b, own) for b, own in fused if own]
-    buffers, i = [], 0
-    while i < len(fused):
-        group, size = [], 0
-        while i < len(fused) and (not group or size < chunk_bytes):
-            group.append(fused[i])
-            size += sum(a.nbytes for a in fused[i][1])
-            i += 1
-        if size < min_bytes:
-            continue
-        views, own_buffers = _pack([a for _, own in group for a in own])
-        at = 0
-        for block, own in group:
-            block.place(views[at : at + len(own)])
-            at += len(own)
-        buffers += own_buffers
+    where it is; returns the buffers. Blocks without a fused form keep their weights. Only one
+    group's old arrays are held at a time, so loading peaks at the model plus one group."""
+    buffers: list[mx.array] = []
+    group: list[tuple] = []
+
+    def flush() -> None:
+        if sum(a.nbytes for _, own in group for a in own) >= min_bytes:
+            views, own_buffers = _pack([a for _, own in group for a in own])
+            at = 0
+            for block, own in group:
+                block.place(views[at : at + len(own)])
+                at += len(own)
+            buffers.extend(own_buffers)
+        group.clear()
+
+    for block in blocks:
+        own = block.streamed()
+        if own:
+            group.append((block, own))
+        if sum(a.nbytes for _, o in group for a in o) >= chunk_bytes:
+            flush()
+    if group:
+        flush()
     return buffers
