@@ -22,9 +22,10 @@ Linux gives an anonymous buffer transparent huge pages only where it is asked to
 
 ``Decoder.fuse`` does both, for the blocks and the LM head (one buffer of its own already).
 
-Measured on the dev VM with the float32 demo: loading took 1.8-2.0 s instead of 1.06 (the copy
-~0.35 s, the kernel finding 2 MB pages 0.4-0.65 s), and every method decoded ~5% faster (24
-MT-bench prompts: plain 46.1 against 43.9 tok/s, the corpus 70.3 against 66.8). ``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux's CPU backend it does
+Measured on the dev VM with the float32 demo: loading took 1.4-2.6 s instead of 1.05-1.1 (the
+copy ~0.35 s, the rest the kernel finding 2 MB pages, which varies from run to run), MLX's peak
+memory was unchanged (648 against 647 MB), and every method decoded ~5% faster (24 MT-bench
+prompts: plain 46.1 against 43.9 tok/s, the corpus 70.3 against 66.8). ``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux's CPU backend it does
 nothing. The bytes moved are recorded per model (``Decoder.huge_page_bytes``) and printed by
 ``edgespec doctor``.
 """
