@@ -3,6 +3,7 @@ agree with each other; the streamed weights leave out only an untied embedding t
 
 from __future__ import annotations
 
+import pytest
 from mlx.utils import tree_flatten
 
 from edgespec import doctor
@@ -29,6 +30,11 @@ def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
     assert "8.0 GB/s read (all cores)" in text
     share = round(100 * f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"])
     assert f"plain decoding reaches {share}% of it" in text
+    rounds = f["bandwidth_share_rounds"]
+    assert len(rounds) == doctor._DECODE_ROUNDS  # each round: its tokens/s over the limit
+    assert min(rounds) <= f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"] + 1e-3
+    assert max(rounds) >= f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"] - 1e-3
+    assert f"each round {100 * min(rounds):.0f}-{100 * max(rounds):.0f}%" in text
     assert "kernels" in text and "BLAS" in text
     assert f"{f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on huge pages" in text
     if f["fma_g_per_s"]:  # the native module is built (CI builds it)
@@ -52,6 +58,26 @@ def test_fma_rate_is_a_plausible_speed():
     rate = doctor.fma_rate()
     if rate is not None:
         assert 1e8 < rate < 1e13
+
+
+def test_decoding_and_the_read_take_turns(tiny_models, monkeypatch):
+    calls = []
+    monkeypatch.setattr(doctor, "stream_bandwidth", lambda: calls.append("read") or 8.0e9)
+
+    class Engine:
+        def generate(self, messages, max_tokens):
+            calls.append(max_tokens)
+
+            class Out:
+                class stats:
+                    tokens_per_s = 10.0 + len(calls)
+            return Out
+
+    decode, reads = doctor.decode_and_bandwidth(Engine(), rounds=3)
+    assert calls == [8, 64, "read", 64, "read", 64, "read"]  # a warm-up, then turns
+    assert decode == [12.0, 14.0, 16.0] and reads == [8.0e9] * 3
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        doctor.decode_and_bandwidth(Engine(), rounds=0)
 
 
 def test_stream_bandwidth_is_a_plausible_memory_speed():
