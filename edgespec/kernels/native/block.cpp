@@ -128,7 +128,7 @@ void run_block(const BlockJob& j) {
              N, j.slots + N, j.slots, s.heads, s.kv_heads, D, j.key_start, j.window,
              s.attn_scale, 0.0f, N * D, D, j.k_h, j.k_t, j.v_h, j.v_t,
              j.k_rows, j.v_rows, N * D, D, N * D, D};
-  run_tree_attention(a);
+  run_tree_attention(a, true);
   for (int64_t h = 0; h < s.heads; ++h)  // (heads, N, D) -> (N, heads * D)
     for (int64_t i = 0; i < N; ++i)
       std::memcpy(attn_rows + i * nq + h * D, attn + (h * N + i) * D, D * sizeof(float));

@@ -22,6 +22,8 @@ void check(bool ok, const std::string& what) {
 
 // Below this many multiply-adds (a decode step over a few hundred keys) one thread does it.
 constexpr int64_t kThreadedMinWork = 256 * 1024;
+// With the helpers awake, one thread only below this many multiply-adds (a few dozen keys).
+constexpr int64_t kAwakeMinWork = 16 * 1024;
 
 // Items a chunk (the AVX-512 and AVX2 code attends to up to kTileQueries of one kv head at
 // once, reading each block of key and value rows once for them) and the scratch rows a chunk
@@ -64,7 +66,7 @@ void run_attn_chunk(void* ctx, int64_t chunk) {
 
 }  // namespace
 
-void run_tree_attention(const AttnArgs& given) {
+void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
   // A window that hides no key is no window: no distance between a node and a key it may see
   // exceeds the span from the earliest position (cached key 0's, or a node's) to the latest.
   // So a sliding-window layer whose context still fits its window (Gemma 3's 512) takes the
@@ -82,7 +84,10 @@ void run_tree_attention(const AttnArgs& given) {
   const AttnFn fn = attn_fn();
   const int64_t items = args.H * args.N;
   const int64_t rows = tiled(fn, args) ? kScratchRows : 1;  // scratch rows a chunk needs
-  if (items * args.S * args.D < kThreadedMinWork) {  // waking a helper costs more
+  // Waking a sleeping helper costs more than a small job; one still polling does not (inside
+  // the block, a decode step's 9 heads over 129 keys: 24 -> 19 us a layer on the Xeon VM, two
+  // runs each, stop 27).
+  if (items * args.S * args.D < (helpers_awake ? kAwakeMinWork : kThreadedMinWork)) {
     std::vector<float> scratch(static_cast<size_t>(rows * args.S));
     fn(args, scratch.data(), 0, items);
     return;

@@ -13,8 +13,10 @@ namespace edgespec_native {
 namespace mx = mlx::core;
 
 // attention_core.h's contract for all items of `args`, split over the pool's threads when
-// there is enough work (the op's body; also run inside the fused block).
-void run_tree_attention(const AttnArgs& args);
+// there is enough work (the op's body; also run inside the fused block). `helpers_awake`: the
+// caller has just run a pool job (the fused block, between its q|k|v and o products), so the
+// helpers are still polling and even a decode step's few items are worth splitting.
+void run_tree_attention(const AttnArgs& args, bool helpers_awake = false);
 
 // Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes.
 mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,
