@@ -39,6 +39,7 @@ from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
 from .targets import load
+from .targets.weight_arena import huge_pages_wanted
 
 _CONTEXT, _ROUNDS = 128, 15
 _DECODE_ROUNDS = 5  # plain decoding and the bandwidth read, taking turns
@@ -71,8 +72,8 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
 
 def stream_bandwidth(mib: int = 256, repeats: int = 7) -> float:
     """Bytes per second that all cores together read from memory (median of ``repeats``).
-    numpy puts an array this large on huge pages on Linux, as ``Decoder.fuse`` does the
-    weights (``targets/weight_arena``)."""
+    On Linux numpy asks for huge pages for an array this large (as ``Decoder.fuse`` does for
+    the weights, ``targets/weight_arena``), which it gets unless the policy is 'never'."""
     data = np.ones(mib * 2**20 // 4, dtype=np.float32)
     parts = np.array_split(data, os.cpu_count() or 1)
     with ThreadPoolExecutor(len(parts)) as pool:  # numpy's sum releases the GIL
@@ -157,7 +158,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "streamed_weights_mb": round(weight_bytes / 2**20, 1),
         "bandwidth_limit_tok_s": round(bandwidth / weight_bytes, 2),
-        "huge_page_mb": round(getattr(target.model, "huge_page_bytes", 0) / 2**20, 1),
+        "huge_page_mb": (round(target.model.huge_page_bytes / 2**20, 1)
+                         if huge_pages_wanted() else None),
         "bandwidth_share_rounds": [round(x, 3) for x in shares],
         "fma_g_per_s": None if rate is None else round(rate / 1e9, 1),
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
@@ -185,9 +187,10 @@ def format_findings(f: dict) -> str:
         f"reaches {100 * f['plain_decode_tok_s'] / f['bandwidth_limit_tok_s']:.0f}% of it "
         f"(medians of {len(f['bandwidth_share_rounds'])} rounds taking turns; each round "
         f"{100 * min(f['bandwidth_share_rounds']):.0f}-{100 * max(f['bandwidth_share_rounds']):.0f}%)",
-        f"           {f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on huge pages, "
-        "as the read's own array is (Linux; EDGESPEC_HUGE_PAGES=0 turns it off)",
     ]
+    if f["huge_page_mb"] is not None:
+        lines.append(f"           {f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on "
+                     "huge pages, as the read's own array is (EDGESPEC_HUGE_PAGES=0 turns it off)")
     if f["fma_g_per_s"]:
         floor1 = 1e3 / f["bandwidth_limit_tok_s"]
         per = f["multiply_adds_per_token_m"] * 1e6 / (f["fma_g_per_s"] * 1e9) * 1e3  # ms a token

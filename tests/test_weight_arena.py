@@ -90,14 +90,6 @@ def test_buffer_address_of_a_view():
     assert buffer_address(b[4:]) == buffer_address(b) + 8
 
 
-def _thp_policy() -> str | None:
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return None
-    return re.search(r"\[(\w+)\]", text).group(1)
-
-
 def _huge_kb_at(address: int) -> int:
     """AnonHugePages of the mapping holding ``address`` (/proc/self/smaps)."""
     inside = False
@@ -110,22 +102,63 @@ def _huge_kb_at(address: int) -> int:
     return 0
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="transparent huge pages are Linux's")
 def test_advice_is_what_the_kernel_did(monkeypatch):
     a = mx.ones((6 * weight_arena._PAGE // 4,), dtype=mx.float32)  # 6 huge pages of bytes
     mx.eval(a)
     monkeypatch.setenv("EDGESPEC_HUGE_PAGES", "0")
     assert advise_huge_pages(a) == 0
     monkeypatch.delenv("EDGESPEC_HUGE_PAGES")
-    small = mx.ones((1000,))
-    assert advise_huge_pages(small) == 0
-    got = advise_huge_pages(a)
-    if _thp_policy() in (None, "never"):
-        assert got == 0
+    assert advise_huge_pages(mx.ones((1000,))) == 0  # smaller than a page
+    assert advise_huge_pages(a.reshape(-1, 64).T) == 0  # not one run of its own bytes
+    if weight_arena.thp_policy() in (None, "never"):
+        assert advise_huge_pages(a) == 0
         return
+    got = advise_huge_pages(a)
+    if got == 0:
+        pytest.skip("the kernel declined (no MADV_COLLAPSE before Linux 6.1, or no huge page free)")
     # the whole pages inside the array: 5 or 6 of them (its start is rarely on a page)
-    assert got in (0, 5 * weight_arena._PAGE, 6 * weight_arena._PAGE)
-    if got:  # MADV_COLLAPSE did it (Linux 6.1+, with huge pages to spare); the advice split
-        page = weight_arena._PAGE  # the mapping where the first whole page starts
-        assert _huge_kb_at(-(-buffer_address(a) // page) * page) * 1024 >= got
+    assert got in (5 * weight_arena._PAGE, 6 * weight_arena._PAGE)
+    page = weight_arena._PAGE  # the advice split the mapping where the first whole page starts
+    assert _huge_kb_at(-(-buffer_address(a) // page) * page) * 1024 >= got
     assert np.array(a).sum() == a.size  # the contents are untouched
+
+
+def test_a_never_policy_is_respected(monkeypatch):
+    monkeypatch.setattr(weight_arena, "thp_policy", lambda: "never")
+    assert not weight_arena.huge_pages_wanted()  # MADV_COLLAPSE would override the policy
+    a = mx.ones((6 * weight_arena._PAGE // 4,))
+    assert advise_huge_pages(a) == 0
+
+
+def test_fuse_packs_and_can_run_again(tiny_models, monkeypatch):
+    """``Decoder.fuse`` end to end (a tiny model's blocks are under the size it packs, so the
+    threshold is lowered here): the same logits after packing, after a second fuse, and after
+    one with the huge pages turned off; the count resets then."""
+    from functools import partial
+
+    from edgespec.targets import decoder
+
+    target = load_target(tiny_models.path(layers=3), dtype="float32")
+    model = target.model
+    before = _logits(target)
+    monkeypatch.setattr(decoder, "pack_blocks", partial(pack_blocks, min_bytes=0))
+    monkeypatch.setattr(decoder, "huge_pages_wanted", lambda: True)
+    q_before = buffer_address(model.model.layers[0].self_attn.q_proj.weight)
+    assert model.fuse() == 3
+    first = model.model.layers[0]
+    assert buffer_address(first.self_attn.q_proj.weight) != q_before
+    assert buffer_address(first.self_attn.o_proj.weight) == buffer_address(first.streamed()[1])
+    assert model.huge_page_bytes >= 0
+    for a, b in zip(before, _logits(target)):
+        np.testing.assert_array_equal(a, b)
+    assert model.fuse() == 3  # again, from the packed views
+    for a, b in zip(before, _logits(target)):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(decoder, "huge_pages_wanted", lambda: False)
+    model.huge_page_bytes = 123
+    assert model.fuse() == 3
+    assert model.huge_page_bytes == 0
+    for a, b in zip(before, _logits(target)):
+        np.testing.assert_array_equal(a, b)

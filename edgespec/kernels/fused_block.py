@@ -91,7 +91,7 @@ class FusedBlock:
 
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
                                 *(weights.get(n, none) for n in ("bqkv", "bgu", "bd")),
-                                *(a for n in ("wqkv", "wo", "wgu", "wd") for a in flat(n))]
+                                *(a for n in _STREAMED for a in flat(n))]
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
                                  r.mscale, r.scale, block.input_layernorm.eps, a.scale,
@@ -131,12 +131,7 @@ class FusedBlock:
             streamed = {"wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu),
                         "wd": one(m.down_proj)}
         else:
-            k = len(names)
-            streamed = {n: tuple(placed[i * k : i * k + k]) if quantized else placed[i]
-                        for i, n in enumerate(_STREAMED)}
-            for lin, n in ((a.o_proj, "wo"), (m.down_proj, "wd")):
-                for name, array in zip(names, streamed[n] if quantized else (streamed[n],)):
-                    setattr(lin, name, array)
+            streamed = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
              **streamed}
         if "bias" in a.q_proj:
@@ -200,6 +195,19 @@ class FusedBlock:
             mask.key_start, mask.window or 0)
         cache.set_buffers(layer, keys, values)
         return out
+
+
+def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj, down_proj) -> dict:
+    """``placed`` (a ``streamed()`` list, moved) as the fused weights by name; o_proj and
+    down_proj, which are not joined with others, take theirs as their own weights."""
+    k = len(names)
+    assert len(placed) == k * len(_STREAMED), (len(placed), k)
+    streamed = {n: tuple(placed[i * k : i * k + k]) if quantized else placed[i]
+                for i, n in enumerate(_STREAMED)}
+    for lin, n in ((o_proj, "wo"), (down_proj, "wd")):
+        for name, array in zip(names, streamed[n] if quantized else (streamed[n],)):
+            setattr(lin, name, array)
+    return streamed
 
 
 def _quant_key(block) -> tuple | None:

@@ -67,7 +67,7 @@ class Decoder(nn.Module):
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.model.layers = blocks
         self.model.norm = norm
-        self.huge_page_bytes = 0  # of the streamed weights, set by fuse()
+        self.huge_page_bytes = 0  # of the streamed weights on huge pages, set by fuse()
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
@@ -116,12 +116,14 @@ class Decoder(nn.Module):
 
     def fuse(self) -> int:
         """Fuse every block that has a fused form, then put the weights a decoding step
-        streams on 2 MB pages (``weight_arena``: the same bits, new places; the bytes moved
-        are ``huge_page_bytes``); returns how many blocks now run fused."""
+        streams on 2 MB pages (``weight_arena``: the same bits, new places; the bytes the
+        kernel put there are ``huge_page_bytes``); returns how many blocks now run fused."""
         fused = sum(block.fuse() for block in self.model.layers)
+        self.huge_page_bytes = 0
         if huge_pages_wanted():
             head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
-            streamed = pack_blocks(self.model.layers) + [a for _, a in tree_flatten(head.parameters())]
+            head_arrays = [a for _, a in tree_flatten(head.parameters())]
+            streamed = pack_blocks(self.model.layers) + head_arrays
             self.huge_page_bytes = sum(advise_huge_pages(a) for a in streamed)
         return fused
 

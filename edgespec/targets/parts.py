@@ -188,6 +188,7 @@ class PreNormBlock(nn.Module):
     def place(self, arrays: list[mx.array]) -> None:
         """Run fused on ``arrays``, copies of ``streamed()`` moved elsewhere (the modules'
         weights become views of them too)."""
+        assert [(a.shape, a.dtype) for a in arrays] == [(a.shape, a.dtype) for a in self.streamed()]
         self._fused = FusedBlock.build(self, placed=arrays)
 
 

@@ -7,64 +7,83 @@ each needs its address translated anew (in a VM, through two sets of page tables
 31.5-32.4 GB/s on 2 MB pages (a standalone harness, stop 27); `edgespec doctor`'s bandwidth
 figure is numpy's read of its own array, which numpy already puts on 2 MB pages.
 
-Linux gives an anonymous buffer transparent huge pages only where it is asked to (the default
-``madvise`` policy), so this module asks:
+Under the ``madvise`` policy (the dev VM's, and many distributions') Linux gives an anonymous
+buffer transparent huge pages only where it is asked to, so this module asks:
 
 - ``pack_blocks``: a fused model's block weights (q|k|v, o, gate|up, down per block, float or
-  the quantized triplets) are copied into a few large buffers, one per dtype and ~128 MB of
-  blocks, in the order a forward reads them, and each block is rebuilt on views of them
-  (``FusedBlock.build(block, placed=...)``). The same bits, in new places: one buffer of 128 MB
-  loses at most its two partial 2 MB pages at the ends, where the 120 separate buffers of the
-  demo's blocks (1.3-7 MB each) lost most of theirs.
+  the quantized triplets) are copied into a few large buffers, one per dtype for each group
+  of consecutive blocks of at least ~128 MB, in the order a forward reads them, and each
+  block is rebuilt on views of them (``FusedBlock.build(block, placed=...)``). The same bits,
+  in new places: a buffer of 128 MB loses at most its two partial 2 MB pages at the ends,
+  where the 120 separate buffers of the demo's blocks (1.3-7 MB each) lost most of theirs.
 - ``advise_huge_pages``: ``madvise(MADV_HUGEPAGE)`` on an array's whole 2 MB pages, then
-  ``MADV_COLLAPSE`` (Linux 6.1+) to move them onto huge pages now rather than when the kernel's
-  background scanner gets to them (minutes for a model).
+  ``MADV_COLLAPSE`` (Linux 6.1+) page by page, to move them onto huge pages now rather than
+  when the kernel's background scanner gets to them (minutes for a model).
 
-``Decoder.fuse`` does both, for the blocks and the LM head (one buffer of its own already).
+``Decoder.fuse`` does both, for the blocks and the LM head (whose arrays are each one buffer of
+their own already).
 
 Measured on the dev VM with the float32 demo: loading took 1.4-2.6 s instead of 1.05-1.1 (the
 copy ~0.35 s, the rest the kernel finding 2 MB pages, which varies from run to run), MLX's peak
 memory was unchanged (648 against 647 MB), and every method decoded ~5% faster (24 MT-bench
-prompts: plain 46.1 against 43.9 tok/s, the corpus 70.3 against 66.8). ``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux's CPU backend it does
-nothing. The bytes moved are recorded per model (``Decoder.huge_page_bytes``) and printed by
-``edgespec doctor``.
+prompts: plain 46.1 against 43.9 tok/s, the corpus 70.3 against 66.8).
+
+``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux's CPU backend, or where the
+administrator set the policy to ``never``, it does nothing. The bytes the kernel put on huge
+pages are ``Decoder.huge_page_bytes``, which ``edgespec doctor`` prints.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
+from functools import lru_cache
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
+_THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
 def _huge_page_size() -> int:
     try:  # 2 MB on x86-64 and on arm64 with 4 KB pages; larger with larger base pages
-        return int(open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read())
+        return int((_THP / "hpage_pmd_size").read_text())
     except (OSError, ValueError):
         return 2 << 20
 
 
 _PAGE = _huge_page_size()
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
-_CHUNK = 128 << 20  # bytes of blocks packed per buffer
+_CHUNK = 128 << 20  # bytes of blocks (all dtypes together) a group of buffers takes at least
 # Each packed array starts a multiple of 64 bytes after its buffer's start: where it lies within
 # a cache line is then what it was in a buffer of its own (MLX's start 24 bytes past a line).
 _ALIGN = 64
 
 
+def thp_policy() -> str | None:
+    """The system's transparent huge page policy ('always', 'madvise', 'never'), or None."""
+    try:
+        m = re.search(r"\[(\w+)\]", (_THP / "enabled").read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
 def huge_pages_wanted() -> bool:
-    """Linux, the CPU backend (a GPU's weights are not in these pages), not turned off."""
+    """Linux, the CPU backend (a GPU's weights are not in these pages), transparent huge pages
+    not set to 'never' by the administrator (MADV_COLLAPSE would override that), and not
+    turned off by EDGESPEC_HUGE_PAGES=0."""
     return (sys.platform.startswith("linux") and mx.default_device() == mx.cpu
-            and os.environ.get("EDGESPEC_HUGE_PAGES", "1") != "0")
+            and os.environ.get("EDGESPEC_HUGE_PAGES", "1") != "0"
+            and thp_policy() not in (None, "never"))
 
 
+@lru_cache(maxsize=1)
 def _madvise():
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.madvise
+    fn = ctypes.CDLL(None, use_errno=True).madvise
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
@@ -79,19 +98,28 @@ def buffer_address(array: mx.array) -> int:
 
 def advise_huge_pages(array: mx.array) -> int:
     """Put the whole huge pages inside ``array``'s bytes on huge pages; returns how many bytes
-    are there now (0 where this is off, the array is too small, or the kernel declines)."""
+    are there now (0 where this is off, the array is too small or not one contiguous run of
+    bytes, or the kernel declines)."""
     if not huge_pages_wanted() or array.nbytes < _PAGE:
         return 0
     mx.eval(array)
+    if not np.array(array.view(mx.uint16) if array.dtype == mx.bfloat16 else array,
+                    copy=False).flags.c_contiguous:
+        return 0  # its bytes would not be [start, start + nbytes): others' memory lies there
     start = buffer_address(array)
     lo, hi = -(-start // _PAGE) * _PAGE, (start + array.nbytes) // _PAGE * _PAGE
     if hi <= lo:
         return 0
     madvise = _madvise()
     if madvise(lo, hi - lo, _MADV_HUGEPAGE) != 0:
-        return 0  # transparent huge pages off ('never') or unsupported
-    # Without MADV_COLLAPSE (before Linux 6.1) the pages move when khugepaged reaches them.
-    return hi - lo if madvise(lo, hi - lo, _MADV_COLLAPSE) == 0 else 0
+        return 0  # transparent huge pages not built into this kernel
+    done = 0
+    for page in range(lo, hi, _PAGE):  # one page at a time: a failure elsewhere costs one page
+        if madvise(page, _PAGE, _MADV_COLLAPSE) == 0:
+            done += _PAGE
+        elif ctypes.get_errno() == 22:  # EINVAL: no MADV_COLLAPSE before Linux 6.1; the pages
+            break  # move when the kernel's background scanner reaches them
+    return done
 
 
 def _pack(arrays: list[mx.array]) -> tuple[list[mx.array], list[mx.array]]:
