@@ -17,6 +17,11 @@ checkpoint dequantized exactly as edgespec's loader does) and both libraries loa
 ``--weights quantized``: both load the checkpoint as it is (mlx-lm's and edgespec's quantized
 matmuls). The prompts are MT-bench's (measuring only; nothing is tuned on them).
 Needs mlx-lm (``pip install -e '.[train]'``). Run it on an otherwise idle machine.
+
+MKL's OpenMP threads keep their default 200 ms spin here (``busy_openmp_threads``), as in a
+process of mlx-lm's own: mlx-lm's float32 decoding is one MKL product after another, and with
+the ``KMP_BLOCKTIME=0`` edgespec sets for itself it decoded at 13.7 tok/s instead of 22.8
+(Xeon VM, stop 27; edgespec's plain decoding 45.6 against 44.7, its products are its own).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from pathlib import Path
 
 import edgespec  # noqa: F401  (first: it loads the optimized BLAS before MLX starts)
 import mlx.core as mx
+
+from edgespec.loading._blas import busy_openmp_threads
+
+busy_openmp_threads()  # before the first MKL product: see the module docstring
 
 from edgespec.bench import environment, load_prompts
 from edgespec.loading.hub import cache_dir, resolve_model
