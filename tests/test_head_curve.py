@@ -3,19 +3,13 @@ on the rows a head is scored on (row p: the label at p+1, from x_p and x_{p+1}).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_curve.py"
+from .script_module import load_script
 
 
 def _curve():
-    spec = importlib.util.spec_from_file_location("head_curve", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("head_curve")
 
 
 class _Store:

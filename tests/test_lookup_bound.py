@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "lookup_sim.py"
+from .script_module import load_script
 
 
 def _sim():
-    spec = importlib.util.spec_from_file_location("lookup_sim", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("lookup_sim")
 
 
 def test_bound_is_plain_decoding_when_nothing_repeats():

@@ -89,11 +89,14 @@ def _madvise():
     return fn
 
 
+def _as_numpy(array: mx.array) -> np.ndarray:
+    """A numpy view of an evaluated array's memory (bfloat16, which numpy lacks, as uint16)."""
+    return np.array(array.view(mx.uint16) if array.dtype == mx.bfloat16 else array, copy=False)
+
+
 def buffer_address(array: mx.array) -> int:
     """Where an evaluated array's first element lies in memory (a view's, not its buffer's)."""
-    if array.dtype == mx.bfloat16:  # numpy has no bfloat16; the same bytes as uint16
-        array = array.view(mx.uint16)
-    return np.array(array, copy=False).ctypes.data
+    return _as_numpy(array).ctypes.data
 
 
 def advise_huge_pages(array: mx.array) -> int:
@@ -103,8 +106,7 @@ def advise_huge_pages(array: mx.array) -> int:
     if not huge_pages_wanted() or array.nbytes < _PAGE:
         return 0
     mx.eval(array)
-    if not np.array(array.view(mx.uint16) if array.dtype == mx.bfloat16 else array,
-                    copy=False).flags.c_contiguous:
+    if not _as_numpy(array).flags.c_contiguous:
         return 0  # its bytes would not be [start, start + nbytes): others' memory lies there
     start = buffer_address(array)
     lo, hi = -(-start // _PAGE) * _PAGE, (start + array.nbytes) // _PAGE * _PAGE
@@ -153,10 +155,12 @@ def pack_blocks(blocks, chunk_bytes: int = _CHUNK, min_bytes: int = 2 * _PAGE) -
     where it is; returns the buffers. Blocks without a fused form keep their weights. Only one
     group's old arrays are held at a time, so loading peaks at the model plus one group."""
     buffers: list[mx.array] = []
-    group: list[tuple] = []
+    group: list[tuple] = []  # (block, its streamed arrays), consecutive blocks
+    size = 0  # the group's bytes
 
     def flush() -> None:
-        if sum(a.nbytes for _, own in group for a in own) >= min_bytes:
+        nonlocal size
+        if size >= min_bytes:
             views, own_buffers = _pack([a for _, own in group for a in own])
             at = 0
             for block, own in group:
@@ -164,12 +168,14 @@ def pack_blocks(blocks, chunk_bytes: int = _CHUNK, min_bytes: int = 2 * _PAGE) -
                 at += len(own)
             buffers.extend(own_buffers)
         group.clear()
+        size = 0
 
     for block in blocks:
         own = block.streamed()
         if own:
             group.append((block, own))
-        if sum(a.nbytes for _, o in group for a in o) >= chunk_bytes:
+            size += sum(a.nbytes for a in own)
+        if size >= chunk_bytes:
             flush()
     if group:
         flush()
