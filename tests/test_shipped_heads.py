@@ -3,6 +3,7 @@ exact: greedy drafting with them gives plain decoding's tokens, with drafts acce
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import edgespec
 from edgespec import Engine, SamplingConfig, SpecConfig
 from edgespec.heads import find_head, load_head
 from edgespec.heads.corpus import load_corpus
+from edgespec.training.exclusion import EvalExclusion, default_eval_dir
 
 pytestmark = pytest.mark.demo
 
@@ -61,3 +63,18 @@ def test_shipped_head_drafts_exactly(demo, kind):
         assert b.token_ids == a.token_ids, prompt
         accepted += b.stats.accepted
     assert accepted > 0  # a trained head's drafts are taken, not only proposed
+
+
+@pytest.mark.skipif(not (default_eval_dir() / "mt_bench.jsonl").is_file(),
+                    reason="the evaluation prompts (../shared/eval) are not here")
+def test_shipped_eagle3_never_trained_on_evaluation_prompts():
+    """Every question the shipped EAGLE-3 head's answers were written for (kept in data/) passes
+    the evaluation exclusion, and they are all the questions its recipe counts."""
+    recipe = json.loads((SHIPPED / "eagle3" / "recipe.json").read_text())
+    files = sorted((ROOT / "data" / "SmolLM2-135M-Instruct").glob("eagle3-questions-run*.jsonl.gz"))
+    questions = [json.loads(line)["prompt"] for f in files for line in gzip.open(f, "rt")]
+    assert len(questions) == recipe["prompts"]["kept"] == sum(r["questions"]["kept"]
+                                                              for r in recipe["runs"])
+    exclusion = EvalExclusion.from_dir()
+    assert len(exclusion) >= 80
+    assert not [q for q in questions if exclusion.overlaps(q)]
