@@ -1,5 +1,5 @@
-"""scripts/gpu_distill.py (PyTorch, run on a lent CUDA machine) against edgespec's MLX code, on
-the CPU: the same target weights, logits and greedy continuations (batched, left-padded rows
+"""scripts/gpu_distill.py and its halves gpu_target.py and gpu_head.py (PyTorch, run on a lent
+CUDA machine) against edgespec's MLX code, on the CPU: the same target weights, logits and greedy continuations (batched, left-padded rows
 against plain decoding), the same EAGLE-3 training-time test and loss as ``Eagle3Head``, and a
 head written by the script read back by ``gpu_bundle.py import``. Skipped where PyTorch is not
 installed (it is not one of edgespec's dependencies); run here with ``pip install torch``."""
@@ -7,6 +7,7 @@ installed (it is not one of edgespec's dependencies); run here with ``pip instal
 from __future__ import annotations
 
 import json
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -21,7 +22,8 @@ from edgespec.targets.load import load_target  # noqa: E402
 from tests.script_module import load_script  # noqa: E402
 from tests.tiny import make_tiny_model  # noqa: E402
 
-g = load_script("gpu_distill")
+g = load_script("gpu_distill")  # it imports its halves, gpu_target and gpu_head, by name
+gt, gh = sys.modules["gpu_target"], sys.modules["gpu_head"]
 bundle = load_script("gpu_bundle")
 
 
@@ -49,8 +51,8 @@ def tiny(tmp_path_factory):
                               "model.embed_tokens": {"group_size": 32, "bits": 8}}
     (folder / "config.json").write_text(json.dumps(config))
     target = load_target(folder, "float32")
-    cfg, w = g.load_weights(folder)
-    return target, g.Target(cfg, w, "cpu"), folder
+    cfg, w = gt.load_weights(folder)
+    return target, gt.Target(cfg, w, "cpu"), folder
 
 
 def test_weights_and_logits_match_edgespec(tiny):
@@ -89,21 +91,21 @@ def test_batched_generation_equals_plain_greedy(tiny):
     target, twin, _ = tiny
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20]]
     want = [greedy(target, p, 12) for p in prompts]
-    got = g.generate(twin, prompts, 12, stop={-1})
+    got = gt.generate(twin, prompts, 12, stop={-1})
     assert [ids for ids, _ in got] == want
     stop = want[1][4]
-    got = g.generate(twin, prompts, 12, stop={stop})
+    got = gt.generate(twin, prompts, 12, stop={stop})
     cut = want[1].index(stop)
     assert got[1] == (want[1][:cut], True)
     # rows that stopped leave the batch (compaction) while the others go on, unchanged
     many = [[5 + i, 6, 7 + i] for i in range(8)]
     want = [greedy(target, p, 40) for p in many]
     stops = {w[2] for w in want[:6]}  # most rows stop early
-    monkey_every, g.COMPACT_EVERY = g.COMPACT_EVERY, 2
+    monkey_every, gt.COMPACT_EVERY = gt.COMPACT_EVERY, 2
     try:
-        got = g.generate(twin, many, 40, stop=stops)
+        got = gt.generate(twin, many, 40, stop=stops)
     finally:
-        g.COMPACT_EVERY = monkey_every
+        gt.COMPACT_EVERY = monkey_every
     for (ids, stopped), w in zip(got, want):
         cut = next((i for i, x in enumerate(w) if x in stops), None)
         assert (ids, stopped) == ((w, False) if cut is None else (w[:cut], True))
@@ -113,7 +115,7 @@ def test_sampled_generation_uses_top_p(tiny):
     """top-p 0.0001 keeps only the most probable token: sampling then equals greedy."""
     target, twin, _ = tiny
     gen = torch.Generator().manual_seed(0)
-    got = g.generate(twin, [[5, 6, 7]], 6, stop={-1}, sampling=(1.0, 1e-4), gen=gen)
+    got = gt.generate(twin, [[5, 6, 7]], 6, stop={-1}, sampling=(1.0, 1e-4), gen=gen)
     assert got[0][0] == greedy(target, [5, 6, 7], 6)
 
 
@@ -128,7 +130,7 @@ def test_head_unroll_and_loss_match_eagle3head(tiny):
     head.set_draft_vocab(ids)
     for m in (head.layer.input_layernorm, head.layer.hidden_norm, head.norm):
         m.weight = mx.random.uniform(0.5, 1.5, m.weight.shape)
-    twin = g.Eagle3(c.hidden_size, 3, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+    twin = gh.Eagle3(c.hidden_size, 3, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                     c.intermediate_size, Vd, c.rms_norm_eps, c.rope_theta)
     from mlx.utils import tree_flatten
 
@@ -151,7 +153,7 @@ def test_head_unroll_and_loss_match_eagle3head(tiny):
     index[torch.tensor(ids)] = torch.arange(Vd)
     lab = torch.tensor(labels)
     with torch.no_grad():
-        tloss, ttop1 = g.head_loss(twin, {"features": torch.tensor(feats), "emb_next": torch.tensor(emb),
+        tloss, ttop1 = gh.head_loss(twin, {"features": torch.tensor(feats), "emb_next": torch.tensor(emb),
                                           "labels": lab, "draft": index[lab],
                                           "mask": torch.tensor(mask).bool(), "ids": torch.tensor(ids)}, 3)
     assert float(tloss) == pytest.approx(float(loss), rel=1e-4)
