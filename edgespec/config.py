@@ -22,6 +22,7 @@ METHODS = registry.NAMES
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_DRAFT = 12
 """``max_draft`` when not given: this, or ``num_draft`` when that is larger."""
+HEAD_BITS = (0, 4, 8)  # head_bits: float32, or the native kernels' 4- and 8-bit products
 
 
 def _check(ok: bool, message: str) -> None:
@@ -86,6 +87,11 @@ class SpecConfig:
                 + "); default: the one found for the model (`edgespec train` makes one)",
         "exclusive": True})
     draft_bits: int = field(default=4, metadata={"help": "bits of the quantized self-draft (method 'quantized'): 2, 3, 4 or 8"})
+    head_bits: int | None = field(default=None, metadata={
+        "help": "bits the EAGLE-3 head's weights are group-quantized to when it is loaded (methods "
+                + ", ".join(registry.readers("head_bits")) + "): 8 or 4, or 0 for float32; default: "
+                "8 where the native CPU kernels run its products, else float32",
+        "exclusive": True})
 
     def __post_init__(self) -> None:
         method = registry.get(self.method) if isinstance(self.method, str) else None
@@ -111,6 +117,8 @@ class SpecConfig:
         _check(e is None or (_is_int(e) and e >= 1), f"exit_layer must be an integer >= 1, got {e!r}")
         _check(self.draft_bits in (2, 3, 4, 8) and _is_int(self.draft_bits),
                f"draft_bits must be 2, 3, 4 or 8, got {self.draft_bits!r}")
+        _check(self.head_bits is None or (_is_int(self.head_bits) and self.head_bits in HEAD_BITS),
+               f"head_bits must be 0 (float32), 4 or 8, got {self.head_bits!r}")
         for f in dataclasses.fields(self):
             if f.metadata.get("exclusive") and vars(self)[f.name] != f.default:
                 owners = registry.readers(f.name)

@@ -64,6 +64,50 @@ def test_random_head_keeps_greedy_output(target, nodes):
         assert res.stats.proposed > 0
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_head_keeps_greedy_output_and_drafts_like_the_float_one(target, bits):
+    """A head quantized for drafting (``head_bits``): same greedy output as plain decoding, a
+    reduced draft vocabulary kept, its logits near the float head's, and its drafts mostly the
+    float head's (quantization changes draft quality only)."""
+    from edgespec.heads.eagle3 import quantized_head
+
+    head = random_head(target, draft_vocab_size=64)
+    head.set_draft_vocab(np.arange(100, 164))
+    q = quantized_head(head, bits)
+    assert type(q.layer.self_attn.q_proj).__name__ == "QuantizedLinear" and q.layer.self_attn.q_proj.bits == bits
+    assert np.array_equal(np.array(q.to_target_ids(np.arange(64))), np.arange(100, 164))
+    H = target.args.hidden_size
+    rng = np.random.default_rng(0)
+    emb, h = (mx.array(rng.standard_normal((5, H)).astype(np.float32)) for _ in range(2))
+    want, _ = head.step(emb, h, 0, None, head.make_cache())
+    got, _ = q.step(emb, h, 0, None, q.make_cache())
+    err = float(mx.abs(got - want).max() / mx.abs(want).max())
+    assert err < (0.05 if bits == 8 else 0.3)
+    feats = mx.array(rng.standard_normal((3, 3 * H)).astype(np.float32))
+    assert float(mx.abs(q.fuse_rows(feats) - head.fuse(feats)).max()) < 0.5 * float(mx.abs(head.fuse(feats)).max())
+    for prompt in PROMPTS:
+        plain = Engine(target).generate(prompt, max_tokens=20)
+        res = Engine(target, Eagle3Drafter(target, q, None, nodes=4)).generate(prompt, max_tokens=20)
+        assert res.token_ids == plain.token_ids
+        assert res.stats.proposed > 0
+
+
+def test_head_bits_default_follows_the_native_kernels(target, monkeypatch):
+    """``head_bits`` None: 8-bit where the native kernels run the products, else the float head;
+    0 always the float head; the quantized copy is made once per head and bits."""
+    from edgespec.drafters import registry
+
+    head = random_head(target)
+    monkeypatch.setattr("edgespec.kernels.backend.native_enabled", lambda: True)
+    q = registry._head_in_bits(target, head, None)
+    assert q is not head and q.layer.mlp.gate_proj.bits == 8
+    assert registry._head_in_bits(target, head, 8) is q
+    assert registry._head_in_bits(target, head, 4).layer.mlp.gate_proj.bits == 4
+    assert registry._head_in_bits(target, head, 0) is head
+    monkeypatch.setattr("edgespec.kernels.backend.native_enabled", lambda: False)
+    assert registry._head_in_bits(target, head, None) is head
+
+
 def test_reduced_draft_vocabulary_keeps_greedy_output(target):
     head = random_head(target, draft_vocab_size=64)
     head.set_draft_vocab(np.arange(100, 164))

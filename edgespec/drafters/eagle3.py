@@ -90,7 +90,7 @@ class Eagle3Drafter(Drafter):
     def _fused(self, out: TargetOutput, rows=None) -> mx.array:
         parts = [out.captured[i] if rows is None else out.captured[i][rows]
                  for i in self.target_features]
-        return self.head.fuse(mx.concatenate(parts, axis=-1))
+        return self.head.fuse_rows(mx.concatenate(parts, axis=-1))
 
     def _features(self, a: int, b: int) -> mx.array | None:
         """Stored fused features of positions [a, b), or None when not all are held."""

@@ -152,8 +152,31 @@ def _eagle3(spec, target, sampling, draft):
     from .eagle3 import Eagle3Drafter
 
     _, head = load_head_for(spec, target, "eagle3")
+    head = _head_in_bits(target, head, spec.head_bits)
     return Eagle3Drafter(target, head, verify_cost_curve(target) if spec.adaptive else None,
                          nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
+
+
+_quantized_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _head_in_bits(target, head, bits: int | None):
+    """``head``, or its copy with weights group-quantized to ``bits`` (made once per target,
+    head and bits, kept as long as the target is). ``bits`` None: 8 where the native kernels
+    run the products (a draft step streams a quarter of the bytes), else float32 (MLX's own
+    CPU quantized product would cost more than it saves)."""
+    from ..heads.eagle3 import quantized_head
+    from ..kernels.backend import native_enabled
+
+    if bits is None:
+        bits = 8 if native_enabled() else 0
+    if not bits:
+        return head
+    made = _quantized_heads.setdefault(target, {})
+    key = (id(head), bits)  # the float head is held in the value: its id is not reused
+    if key not in made:
+        made[key] = (head, quantized_head(head, bits))
+    return made[key][1]
 
 
 def _corpus(spec, target, sampling, draft):
@@ -307,7 +330,7 @@ METHODS: tuple[Method, ...] = (
     Method("cascade", "prompt lookup drafts for the draft model, which drafts for the target",
            _cascade, reads=("draft", *_LENGTH), needs_draft=True),
     Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features",
-           _eagle3, reads=("head", *_LENGTH), needs_head=True, arm=_eagle3),
+           _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3),
     Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
            _medusa, reads=("head", *_LENGTH), needs_head=True),
     Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "
@@ -315,7 +338,7 @@ METHODS: tuple[Method, ...] = (
            arm=_corpus_arm),
     Method("auto", "a bandit over plain decoding, lookup (or the corpus, when the model has one), "
            "the draft model and an EAGLE-3 head, by measured speed", _auto,
-           reads=("draft", "head", *_LENGTH)),
+           reads=("draft", "head", "head_bits", *_LENGTH)),
 )
 
 NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)

@@ -31,6 +31,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from ..cache import KVCache
 from ..kernels.activations import silu
@@ -151,6 +152,11 @@ class Eagle3Head(nn.Module):
         """(..., A*H) target features -> (..., H)."""
         return self.fc(features)
 
+    def fuse_rows(self, features: mx.array) -> mx.array:
+        """``fuse`` for drafting (no gradient): through the kernels' products, which also take
+        a quantized ``fc`` at any row count (MLX's CPU quantized product costs M one-row ones)."""
+        return linear(self.fc, features)
+
     def logits(self, out: mx.array) -> mx.array:
         """Draft logits of ``step``'s outputs, through the kernels' ops (inference only; ``unroll``
         applies ``norm`` and ``lm_head`` as modules)."""
@@ -197,6 +203,25 @@ class Eagle3Head(nn.Module):
             h = self.layer.finish(h, attn)
             out_logits.append(self.lm_head(self.norm(h)))
         return out_logits
+
+
+QUANT_GROUP = 32
+
+
+def quantized_head(head: Eagle3Head, bits: int) -> Eagle3Head:
+    """A copy of ``head`` for drafting whose linear maps (fc, q/k/v/o, the MLP, the LM head) are
+    affine group-quantized to ``bits`` (groups of ``QUANT_GROUP``; a map whose input width is
+    not a multiple of that stays float). ``step`` and ``fuse_rows`` run them through the native
+    quantized products. Its drafts differ a little from the float head's (draft quality only:
+    verification keeps the output lossless). Not for training."""
+    q = Eagle3Head(head.config)
+    q.load_weights(list(tree_flatten(head.parameters())))
+    q.set_draft_vocab(np.array(head._ids))
+    nn.quantize(q, group_size=QUANT_GROUP, bits=bits,
+                class_predicate=lambda _, m: isinstance(m, nn.Linear)
+                and m.weight.shape[1] % QUANT_GROUP == 0)
+    mx.eval(q.parameters())
+    return q
 
 
 def _shift(x: mx.array, s: int) -> mx.array:
