@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its two halves, besi
 from gpu_head import train  # noqa: E402
 from gpu_target import Target, generate, load_weights  # noqa: E402
 
+
 def load_exclusion(repo: Path, eval_dir: Path):
     """edgespec's own ``EvalExclusion`` (pure Python), loaded by path: no MLX needed here."""
     spec = importlib.util.spec_from_file_location("edgespec_exclusion",
@@ -169,7 +170,6 @@ def write_features(target, seqs, aux, max_tokens, log):
     order = np.argsort(lengths, kind="stable")
     t0, i = time.time(), 0
     while i < len(order):
-        T = int(lengths[order[i]])
         j = i
         while j < len(order) and (j - i + 1) * int(lengths[order[j]]) <= max_tokens:
             j += 1

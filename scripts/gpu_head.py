@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from gpu_target import rms_norm, rope
 
+
 class Eagle3(torch.nn.Module):
     """``heads/eagle3.py``'s Eagle3Head with the same parameter names."""
 

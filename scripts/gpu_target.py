@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+
 def dequantize(w: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int) -> np.ndarray:
     """MLX's affine layout -> float32: ``w`` uint32 (rows, cols*bits/32), values little end first;
     each group of cols/scales.shape[1] values is scale * q + bias (computed in float32, as
@@ -39,8 +40,8 @@ def load_weights(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             continue
         base = name[: -len(".weight")] if name.endswith(".weight") else None
         if base is not None and f"{base}.scales" in raw:
-            q = config["quantization"]
-            bits = q.get(base, q)["bits"] if isinstance(q.get(base), dict) else q["bits"]
+            q = config["quantization"]  # a layer's own entry, else the model's
+            bits = (q[base] if isinstance(q.get(base), dict) else q)["bits"]
             value = dequantize(value, raw[f"{base}.scales"], raw[f"{base}.biases"], bits)
         out[name] = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
     return config, out
