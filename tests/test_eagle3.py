@@ -12,6 +12,7 @@ import pytest
 from edgespec import Engine
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.heads import Eagle3Head, HeadConfig
+from edgespec.kernels.tree_mask import TreeMask
 from edgespec.targets.cost import CostCurve
 from edgespec.tree import DraftTree
 
@@ -39,12 +40,14 @@ class OracleHead(Eagle3Head):
         super().__init__(HeadConfig.for_target(target, "eagle3"))
         self.seq = seq
 
-    def step(self, emb, h, positions, mask, cache, layer_slot: int = 0):
+    def step(self, emb, h, positions, mask, cache, layer_slot: int = 0, last=None):
         n = emb.shape[0]
         cache.reserve(n)  # the real head writes its keys; the drafter's bookkeeping is the same
+        if isinstance(mask, TreeMask):  # its positions are the rows'
+            positions = mask.qpos
         pos = np.arange(positions, positions + n) if np.isscalar(positions) else np.asarray(positions)
         out = mx.zeros((n, emb.shape[1])) + mx.array(pos, dtype=mx.float32)[:, None]
-        return self.logits(out), out
+        return self.logits(out if last is None else out[n - last :]), out
 
     def logits(self, out):
         pos = np.array(out[:, 0]).astype(int)
@@ -130,6 +133,46 @@ def test_oracle_head_gets_every_draft_accepted(target):
         # every step but the last verifies a chain of `nodes` right guesses
         assert all(s.accepted == nodes == s.proposed for s in res.steps[:-1])
         assert res.stats.target_forwards == -(-30 // (nodes + 1))
+
+
+@pytest.mark.parametrize("curve", [None, FLAT])
+def test_prompt_lookup_joins_the_head_tree_and_keeps_greedy_output(target, curve):
+    """With ``lookup``, a sure prompt-lookup match's branch joins the head's tree in the same
+    verification (the head's nodes first, shared prefixes once): the output stays plain
+    decoding's; the head's calibration sees only its own nodes; lookup learns from its branch."""
+    from edgespec.drafters.lookup import PromptLookupDrafter
+
+    head = random_head(target)
+    text = "one two three four five six seven eight. one two three four five six seven eight. one"
+    for prompt in [text, PROMPTS[1]]:
+        plain = Engine(target).generate(prompt, max_tokens=40)
+        lookup = PromptLookupDrafter()
+        drafter = Eagle3Drafter(target, head, curve, nodes=None if curve else 3, lookup=lookup)
+        unions, observed = [], []
+        propose, observe = drafter.propose, drafter.calibration.observe_tree
+
+        def spy(budget):
+            tree = propose(budget)
+            if drafter._branch is not None and drafter._own is not None:
+                own, branch = drafter._own, drafter._branch
+                assert tree.tokens[: len(own)] == own.tokens  # the head's nodes keep their ids
+                assert tree.parents[: len(own)] == own.parents
+                paths = {tuple(tree.tokens[u] for u in tree.path_to(v)) for v in range(len(tree))}
+                assert all(tuple(branch.tokens[u] for u in branch.path_to(v)) in paths
+                           for v in range(len(branch)))  # and the branch is all there
+                unions.append(tree)
+            return tree
+
+        def spy_observe(tree, confidence, path):
+            observed.append((tree, len(confidence), path))
+            return observe(tree, confidence, path)
+
+        drafter.propose, drafter.calibration.observe_tree = spy, spy_observe
+        res = Engine(target, drafter).generate(prompt, max_tokens=40)
+        assert res.token_ids == plain.token_ids
+        assert unions, "no sure lookup match joined a tree"
+        assert all(n == len(t) and max(p) < len(t) for t, n, p in observed)
+    assert lookup.index.tokens[-len(res.token_ids) + 1 :] == res.token_ids[:-1]
 
 
 def test_oracle_head_sized_by_a_flat_cost_curve_drafts_deep(target):

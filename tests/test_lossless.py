@@ -33,6 +33,7 @@ from edgespec import Engine, SamplingConfig, SpecConfig, make_drafter
 from edgespec.drafters.corpus import CorpusDrafter
 from edgespec.drafters.eagle3 import Eagle3Drafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
+from edgespec.drafters.lookup import PromptLookupDrafter
 from edgespec.drafters.medusa import MedusaDrafter
 from edgespec.heads.corpus import NgramTable
 from edgespec.targets.cost import CostCurve
@@ -123,6 +124,7 @@ DRAFTERS = {  # for a 2-layer target
     "cascade": spec("cascade", draft="-"),
     "auto": spec("auto", draft="-"),
     "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
+    "eagle3+lookup": lambda target, draft, s: greedy_head(target, draft, s, "eagle3+lookup"),
     "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
     "corpus": lambda target, draft, s: greedy_corpus(target, CorpusDrafter),
     "corpus-table": lambda target, draft, s: greedy_corpus(target, TableOnly),
@@ -148,6 +150,14 @@ def greedy_corpus(target, kind):
     return kind(NgramTable(docs), CostCurve((1, 64), (10.0, 10.5)))
 
 
+class EagerLookup(PromptLookupDrafter):
+    """Prompt lookup that calls a 1-token match sure: with the eagle3 oracle, its branch then
+    joins the head's tree on most steps of this short, sampled text (a 3-token match, the real
+    threshold, is rare here), which is what ``eagle3+lookup`` is to test."""
+
+    SURE_MATCH = 1
+
+
 def greedy_head(target, draft, sampling, kind: str):
     """A head that knows the target's greedy continuation of the test's prompt (the oracle heads
     of test_eagle3.py / test_medusa.py): under sampling its top guess is often, not always,
@@ -157,7 +167,8 @@ def greedy_head(target, draft, sampling, kind: str):
     seq = ids + Engine(target).generate(ids, max_tokens=2 * L).token_ids
     if kind == "medusa":
         return MedusaDrafter(target, OracleHeads(target, seq, k=2), None, shape=(2, 2), nodes=3)
-    return Eagle3Drafter(target, OracleHead(target, seq), None, nodes=3)
+    lookup = EagerLookup() if kind == "eagle3+lookup" else None
+    return Eagle3Drafter(target, OracleHead(target, seq), None, nodes=3, lookup=lookup)
 
 
 MODEL = {"seed": 3, "scale": 1.0, "tie": False}  # untied: a tied random model only repeats itself

@@ -197,3 +197,81 @@ def test_strided_inputs_read_the_same(mod):
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.array(g).reshape(np.array(w).shape), np.array(w),
                                    rtol=1e-6, atol=1e-6)
+
+
+# -- the EAGLE-3 head's layer (``dual``): heads/eagle3.py's NativeLayer against its ops twin
+
+
+def _head_forward(head, on: bool):
+    """The head's logits and outputs for a drafted tree over a committed chain of 20 pairs,
+    with the native layer (on) or its twin (``_native_layer`` answering None), and the cache's
+    keys after committing the tree's rows."""
+    from edgespec.kernels.tree_mask import TreeMask, ancestor_bits, tree_mask
+
+    H = head.config.hidden_size
+    rng = np.random.default_rng(1)
+    emb, h = (mx.array(rng.standard_normal((26, H)).astype(np.float32)) for _ in range(2))
+    real = head._native_layer
+    if not on:
+        head._native_layer = lambda *a: None
+    try:
+        cache = head.make_cache()
+        head.step(emb[:14], h[:14], 0, tree_mask(None, 14, 0, 0, None), cache)  # a chain
+        cache.commit()
+        head.step(emb[14:20], h[14:20], 14, tree_mask(None, 6, 0, 14, None), cache)
+        cache.commit()
+        anc = np.eye(6, dtype=bool)
+        anc[2, 0] = anc[3, 1] = anc[4, 2] = anc[4, 0] = anc[5, 0] = True
+        qpos = (20 + np.array([0, 0, 1, 1, 2, 1])).astype(np.int32)
+        mask = TreeMask(ancestor_bits(anc), qpos, 0, 20, None)
+        logits, out = head.step(emb[20:], h[20:], None, mask, cache, last=3)
+        cache.commit()
+        keys = np.array(cache.keys[0][:, :, : cache.offset])
+        return np.array(logits), np.array(out), keys
+    finally:
+        head._native_layer = real
+
+
+@pytest.mark.parametrize("bits", [0, 8, 4])
+def test_native_head_layer_matches_its_twin(mod, bits, monkeypatch):
+    from edgespec.heads import Eagle3Head, HeadConfig
+    from edgespec.heads.eagle3 import quantized_head
+
+    config = HeadConfig(kind="eagle3", hidden_size=64, vocab_size=300, draft_vocab_size=96,
+                        aux_layers=(0, 1, 2), num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, intermediate_size=128, rms_norm_eps=1e-5,
+                        rope_theta=10000.0, target_layers=6)
+    mx.random.seed(3)
+    head = Eagle3Head(config)
+    mx.eval(head.parameters())
+    if bits:
+        head = quantized_head(head, bits)
+    calls = []
+    real = mod.decoder_block
+    monkeypatch.setattr(mod, "decoder_block",
+                        lambda *a, **kw: calls.append(kw.get("dual")) or real(*a, **kw))
+    got = _head_forward(head, True)
+    assert calls == [True] * 3  # every forward of the head went through the one native op
+    want = _head_forward(head, False)
+    assert calls == [True] * 3
+    assert got[0].shape == (3, 96) and got[1].shape == (6, 64)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-5)
+
+
+def test_dual_block_names_its_shapes(mod):
+    x = mx.zeros((2, 8))  # dual wants (N, 2 hidden)
+    keys = mx.zeros((1, 1, 16, 4))
+    anc, qpos = mx.zeros((2, 2), dtype=mx.uint32), mx.zeros((2,), dtype=mx.int32)
+    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((16,)), mx.ones((8,)),
+              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,)),
+              mx.zeros((16, 16)), mx.zeros((8, 8)), mx.zeros((32, 8)), mx.zeros((8, 16))]
+    args = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, rope_dims=4,
+                traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
+                quant=[], q8=False, slots=3, key_start=0, window=0, dual=True)
+    with pytest.raises(ValueError, match=r"\(N, 2 hidden\)"):
+        mod.decoder_block(arrays, **args)
+    out, k, _ = mod.decoder_block([mx.zeros((2, 16))] + arrays[1:], **args)
+    assert out.shape == (2, 8) and k.shape == keys.shape
+    with pytest.raises(ValueError, match=r"n1 \(2 hidden,\)"):
+        mod.decoder_block([mx.zeros((2, 16))] + arrays[1:6] + [mx.ones((8,))] + arrays[7:], **args)

@@ -147,14 +147,22 @@ def _quantized(spec, target, sampling, draft):
                             spec.adaptive)
 
 
-def _eagle3(spec, target, sampling, draft):
+def _eagle3(spec, target, sampling, draft, *, with_lookup: bool = True):
+    """The EAGLE-3 drafter, with prompt lookup's sure matches joining its trees (not as
+    ``auto``'s arm: auto's lookup or corpus arm takes those steps)."""
     from ..targets.cost import verify_cost_curve
     from .eagle3 import Eagle3Drafter
+    from .lookup import PromptLookupDrafter
 
     _, head = load_head_for(spec, target, "eagle3")
     head = _head_in_bits(target, head, spec.head_bits)
     return Eagle3Drafter(target, head, verify_cost_curve(target) if spec.adaptive else None,
-                         nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft)
+                         nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft,
+                         lookup=PromptLookupDrafter() if with_lookup else None)
+
+
+def _eagle3_arm(spec, target, sampling, draft):
+    return _eagle3(spec, target, sampling, draft, with_lookup=False)
 
 
 _quantized_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -329,8 +337,9 @@ METHODS: tuple[Method, ...] = (
            _quantized, reads=("draft_bits", *_LENGTH)),
     Method("cascade", "prompt lookup drafts for the draft model, which drafts for the target",
            _cascade, reads=("draft", *_LENGTH), needs_draft=True),
-    Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features",
-           _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3),
+    Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features, "
+           "joined by prompt lookup's sure matches",
+           _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3_arm),
     Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
            _medusa, reads=("head", *_LENGTH), needs_head=True),
     Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "

@@ -21,7 +21,12 @@ A test checks that the two give the same row.
 ``step`` (inference only: no gradient flows through it) runs the norms, the q|k|v split with
 RoPE and every product through ``kernels`` (the native ops on the CPU: ``rope_norm``,
 ``matmul.linear``), where MLX's CPU ops would cost more than the arithmetic; ``unroll`` keeps the
-differentiable module ops. Same math: they agree to float32 rounding.
+differentiable module ops. Same math: they agree to float32 rounding. Given a ``TreeMask``
+where the backend runs whole blocks natively (``kernels.backend.use_native_block``), ``step``
+runs the layer as ONE native operation (``native/block.h`` with ``dual``: the embedding and
+hidden halves normed apart, the residual on the hidden half), float or 4/8-bit weights; the
+ops path above is its pure-MLX twin (tests compare them). A draft step's few rows cost the
+layer's weight bytes and one operation, not the ~30 MLX operations around them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from ..cache import KVCache
 from ..kernels.activations import silu
 from ..kernels.attention import attend, prepare
 from ..kernels.matmul import linear
+from ..kernels.backend import SMALL_M_MAX
 from ..kernels.rope_norm import inverse_frequencies, qkv_rope, rms_norm
+from ..kernels.tree_mask import TreeMask
 from ..targets.parts import Attention, GatedMLP, Rope
 from .config import HeadConfig, vocab_index
 
@@ -163,20 +170,41 @@ class Eagle3Head(nn.Module):
         return linear(self.lm_head, rms_norm(out, self.norm.weight, self.norm.eps))
 
     def step(self, emb: mx.array, h: mx.array, positions, mask, cache: KVCache,
-             layer_slot: int = 0) -> tuple[mx.array, mx.array]:
+             layer_slot: int = 0, last: int | None = None) -> tuple[mx.array, mx.array]:
         """Run N rows (emb (N, H), h (N, H)) against ``cache``: their keys/values go to the
         scratch slots of ``layer_slot`` after the committed ones (nothing is committed).
 
         ``positions``: int (a chain starting there) or (N,) ints; ``mask``: (N, committed + N)
-        bool or additive, or None (every row sees everything). Returns (logits (N, Vd), out
-        (N, H)): ``out`` is the pre-norm hidden state a child row takes as its h.
+        bool or additive, a ``TreeMask`` (its positions are the rows'; ``positions`` is then
+        not read), or None (every row sees everything). Returns (logits (N, Vd), or of the
+        ``last`` rows only, out (N, H)): ``out`` is the pre-norm hidden state a child row takes
+        as its h.
         """
-        cache.reserve(emb.shape[0])
-        positions, mask = prepare(positions, mask)
-        q, k, v = self.layer.qkv_fast(emb[None], h[None], positions)
-        k, v = cache.write(layer_slot, k, v)
-        out = self.layer.finish_fast(h[None], attend(q, k, v, self.layer.self_attn.scale, mask))[0]
-        return self.logits(out), out
+        n = emb.shape[0]
+        cache.reserve(n)
+        native = self._native_layer(mask, cache, layer_slot, n)
+        if native is not None:
+            out = native(mx.concatenate([emb, h], axis=-1), mask, cache, layer_slot)
+        else:
+            if isinstance(mask, TreeMask):
+                positions = mask.qpos
+            positions, mask = prepare(positions, mask)
+            q, k, v = self.layer.qkv_fast(emb[None], h[None], positions)
+            k, v = cache.write(layer_slot, k, v)
+            attn = attend(q, k, v, self.layer.self_attn.scale, mask)
+            out = self.layer.finish_fast(h[None], attn)[0]
+        return self.logits(out if last is None else out[n - last :]), out
+
+    def _native_layer(self, mask, cache: KVCache, slot: int, n: int) -> NativeLayer | None:
+        """The layer as one native operation for this forward, or None (no TreeMask, too many
+        rows, the backend does not run native blocks, or weights it does not take)."""
+        if not (isinstance(mask, TreeMask) and n <= SMALL_M_MAX
+                and mask.cached == cache.slots(slot) and mask.native_block[0]):
+            return None
+        made = getattr(self, "_native", None)
+        if made is None or not made.current(self.layer):
+            made = self._native = NativeLayer.build(self.layer)
+        return made if made.args is not None else None
 
     # -- training
 
@@ -203,6 +231,78 @@ class Eagle3Head(nn.Module):
             h = self.layer.finish(h, attn)
             out_logits.append(self.lm_head(self.norm(h)))
         return out_logits
+
+
+class NativeLayer:
+    """The head's layer as the native decoder block's arguments (``dual``): n1 = both input
+    norms' weights side by side, q|k|v and gate|up joined (copies: the modules keep their own
+    for training and the twin), each product float32 or MLX's affine 4/8-bit packing. ``args``
+    is None where the op does not take the layer (other dtypes, biases, bits or group sizes, or
+    no native kernels); ``current`` tells when the modules' weights were replaced since."""
+
+    def __init__(self, layer: Eagle3Layer):
+        a, m, r = layer.self_attn, layer.mlp, layer.self_attn.rope
+        self.source = [lin.weight for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+                                              m.gate_proj, m.up_proj, m.down_proj)]
+        self.args = None
+        groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
+                  [m.down_proj])
+        quant, weights = [], []
+        for mods in groups:
+            kinds = {(type(lin), getattr(lin, "group_size", 0), getattr(lin, "bits", 0),
+                      getattr(lin, "mode", "affine"), "bias" in lin) for lin in mods}
+            if len(kinds) != 1:
+                return
+            kind, gs, bits, mode, bias = kinds.pop()
+            if bias or mode != "affine" or kind not in (nn.Linear, nn.QuantizedLinear):
+                return
+            if kind is nn.QuantizedLinear:
+                if bits not in (4, 8) or gs not in (32, 64, 128):
+                    return
+                weights += [mx.concatenate([lin[n] for lin in mods])
+                            for n in ("weight", "scales", "biases")]
+            else:
+                weights.append(mx.concatenate([lin.weight for lin in mods]))
+            quant.append([gs, bits])
+        norms = [layer.input_layernorm.weight, layer.hidden_norm.weight,
+                 layer.post_attention_layernorm.weight]
+        if any(w.dtype != mx.float32 for w in weights + norms if w.dtype != mx.uint32):
+            return
+        from ..kernels import native
+
+        self.op = native.load()
+        if self.op is None:
+            return
+        inv_freq = inverse_frequencies(r.dims, r.base, r.freqs) if r.dims else mx.zeros((0,))
+        none = mx.zeros((0,))
+        n1 = mx.concatenate(norms[:2])
+        self.args = [inv_freq, n1, norms[2], none, none, none, *weights]
+        mx.eval(self.args)
+        self.shape = (norms[2].shape[0], a.h, a.kv, a.d, m.gate_proj.weight.shape[0], r.dims,
+                      r.traditional, r.mscale, r.scale, layer.input_layernorm.eps, a.scale,
+                      quant if any(b for _, b in quant) else [])
+
+    @classmethod
+    def build(cls, layer: Eagle3Layer) -> NativeLayer:
+        return cls(layer)
+
+    def current(self, layer: Eagle3Layer) -> bool:
+        a, m = layer.self_attn, layer.mlp
+        now = [lin.weight for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
+                                      m.up_proj, m.down_proj)]
+        return all(x is y for x, y in zip(now, self.source))
+
+    def __call__(self, x: mx.array, mask: TreeMask, cache: KVCache, slot: int) -> mx.array:
+        """x (N, 2H) = embedding | hidden state; writes the N rows' keys/values to ``cache``'s
+        scratch slots of ``slot``; returns out (N, H)."""
+        kv, d = self.shape[2:4]
+        keys, values, slots = cache.write_buffers(slot, x.shape[0], kv, d)
+        anc, qpos = mask.device_arrays
+        out, keys, values = self.op.decoder_block(
+            [x, keys, values, anc, qpos, *self.args], *self.shape, False, slots, mask.key_start,
+            mask.window or 0, dual=True)
+        cache.set_buffers(slot, keys, values)
+        return out
 
 
 QUANT_GROUP = 32

@@ -40,9 +40,10 @@ NB_MODULE(_edgespec_native, m) {
          int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
          float mscale, float rope_scale, float eps, float attn_scale,
          const std::vector<std::vector<int>>& quant, bool q8, int64_t slots, int64_t key_start,
-         int64_t window) {
+         int64_t window, bool dual) {
         edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
-                                      traditional, mscale, rope_scale, eps, attn_scale, {}, q8};
+                                      traditional, mscale, rope_scale, eps, attn_scale, {}, q8,
+                                      dual};
         if (!quant.empty() && quant.size() != 4)
           throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits) pairs");
         for (size_t p = 0; p < quant.size(); ++p) {
@@ -55,9 +56,9 @@ NB_MODULE(_edgespec_native, m) {
       },
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
-      "quant"_a, "q8"_a, "slots"_a, "key_start"_a, "window"_a,
+      "quant"_a, "q8"_a, "slots"_a, "key_start"_a, "window"_a, "dual"_a = false,
       "A pre-norm decoder block over N <= 64 tokens as one operation (block.h): returns (out, "
-      "keys, values).");
+      "keys, values); dual: the EAGLE-3 head's layer (x = embedding | hidden state).");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

@@ -100,10 +100,11 @@ void run_block(const BlockJob& j) {
   const BlockShape& s = j.s;
   const int64_t N = j.N, H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int64_t nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
+  const int64_t K = s.dual ? 2 * H : H;  // x's width: what q|k|v reads
   // The intermediates, carved from one buffer per thread that only grows: allocating and
   // zeroing ~0.5 MB a layer at 16 tokens cost ~3% of a forward.
   thread_local std::vector<float> scratch;
-  const int64_t sizes[8] = {N * H, N * nqkv, N * nq, N * nq, N * nq, N * H, N * 2 * I, N * I};
+  const int64_t sizes[8] = {N * K, N * nqkv, N * nq, N * nq, N * nq, N * H, N * 2 * I, N * I};
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + 15) / 16 * 16;  // each part 64-byte aligned from the start
   float* part[8];
@@ -115,8 +116,13 @@ void run_block(const BlockJob& j) {
   float *xn = part[0], *y = part[1], *q = part[2], *attn = part[3], *attn_rows = part[4],
         *hdn = part[5], *g = part[6], *act = part[7];
   // input norm, q|k|v
-  rms_rows(j.x, H, j.n1, xn, H, N, H, s.eps);
-  product(j.w[QKV], j.q8, xn, N, H, y, nqkv);
+  if (s.dual) {  // the embedding half and the hidden half, each with its own norm
+    rms_rows(j.x, K, j.n1, xn, K, N, H, s.eps);
+    rms_rows(j.x + H, K, j.n1 + H, xn + H, K, N, H, s.eps);
+  } else {
+    rms_rows(j.x, H, j.n1, xn, H, N, H, s.eps);
+  }
+  product(j.w[QKV], j.q8, xn, N, K, y, nqkv);
   add_bias(y, j.bqkv, N, nqkv);
   // RoPE; k and v into this forward's rows
   RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, j.k_rows, j.v_rows, N * D, D, N * D, D,
@@ -134,7 +140,9 @@ void run_block(const BlockJob& j) {
       std::memcpy(attn_rows + i * nq + h * D, attn + (h * N + i) * D, D * sizeof(float));
   // o_proj and the residual
   product(j.w[O], j.q8, attn_rows, N, nq, hdn, H);
-  for (int64_t i = 0; i < N * H; ++i) hdn[i] += j.x[i];
+  const float* res = j.x + (K - H);  // the residual: x, or x's hidden half (dual)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < H; ++c) hdn[i * H + c] += res[i * K + c];
   // post-attention norm, gate|up, SiLU(gate) * up, down, residual
   rms_rows(hdn, H, j.n2, xn, H, N, H, s.eps);
   product(j.w[GU], j.q8, xn, N, H, g, 2 * I);
@@ -171,7 +179,8 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
                                         int64_t slots, int64_t key_start, int64_t window) {
   const int H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
-  const int rows[4] = {nqkv, H, 2 * I, H}, cols[4] = {H, nq, H, I};
+  const int K = s.dual ? 2 * H : H;  // x's width
+  const int rows[4] = {nqkv, H, 2 * I, H}, cols[4] = {K, nq, H, I};
   size_t count = WEIGHTS;
   for (const auto& q : s.quant) count += q[1] ? 3 : 1;
   check(in.size() == count, "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, "
@@ -180,8 +189,9 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
     check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
           "arrays must be float32 (anc uint32, qpos int32)");
   const auto& x = in[X];
-  check((x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) && x.shape(-1) == H,
-        "x must be (N, hidden) or (1, N, hidden)");
+  check((x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) && x.shape(-1) == K,
+        s.dual ? "x must be (N, 2 hidden) or (1, N, 2 hidden) (dual)"
+               : "x must be (N, hidden) or (1, N, hidden)");
   const int N = x.shape(-2);
   check(N >= 1 && N <= 64, "1..64 tokens");
   check(D >= 1 && D <= 256, "head_dim 1..256");
@@ -195,7 +205,8 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
         "anc (N, 2) and qpos (N,)");
   check(s.rope_dims % 2 == 0 && s.rope_dims <= D && in[INV_FREQ].size() == size_t(s.rope_dims / 2),
         "inv_freq must have rope_dims / 2 entries");
-  check(in[N1].size() == size_t(H) && in[N2].size() == size_t(H), "norm weights (hidden,)");
+  check(in[N1].size() == size_t(K) && in[N2].size() == size_t(H),
+        "norm weights (hidden,); n1 (2 hidden,) when dual");
   check((in[BQKV].size() == 0 || in[BQKV].size() == size_t(nqkv)) &&
             (in[BGU].size() == 0 || in[BGU].size() == size_t(2 * I)) &&
             (in[BD].size() == 0 || in[BD].size() == size_t(H)),
@@ -205,7 +216,8 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
     const int gs = s.quant[p][0], bits = s.quant[p][1];
     if (bits == 0) {
       check(in[at].dtype() == mx::float32 && row_contiguous_2d(in[at], rows[p], cols[p]),
-            "float weights must be contiguous wqkv ((heads + 2 kv_heads) head_dim, hidden), wo "
+            "float weights must be contiguous wqkv ((heads + 2 kv_heads) head_dim, hidden) (2 "
+            "hidden when dual), wo "
             "(hidden, heads head_dim), wgu (2 intermediate, hidden), wd (hidden, intermediate)");
       at += 1;
       continue;
@@ -227,7 +239,9 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   // No contiguous() around the small inputs: it adds an operation each (9 a layer) even when
   // they already are; eval_cpu copies any that is not.
   const mx::Shape new_rows{1, s.kv_heads, N, D};
-  auto outs = mx::array::make_arrays({x.shape(), new_rows, new_rows},
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = H;
+  auto outs = mx::array::make_arrays({out_shape, new_rows, new_rows},
                                      {mx::float32, mx::float32, mx::float32},
                                      std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
                                      in);
@@ -243,7 +257,9 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
   const mx::Shape rows{1, shape_.kv_heads, in[X].shape(-2), shape_.head_dim};
-  return {in[X].shape(), rows, rows};
+  mx::Shape out = in[X].shape();
+  out.back() = shape_.hidden;
+  return {out, rows, rows};
 }
 
 bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {

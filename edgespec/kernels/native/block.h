@@ -20,6 +20,12 @@
 // the block has none. Every step is the ops' own (rope_norm.h, dispatch.h, attention_core.h),
 // row by row, so a row's result does not depend on the rows computed with it; the pure-MLX
 // twin is the FusedBlock path of edgespec/kernels/fused_block.py.
+//
+// shape.dual: the EAGLE-3 head's layer instead (heads/eagle3.py). x is then (N, 2 hidden), an
+// embedding and a hidden state side by side; n1 (2 hidden,) holds the two halves' own norm
+// weights and each half is normalised on its own; q|k|v reads the 2 hidden normalised values;
+// the residual after attention is the hidden-state half. Everything after is the same
+// (out (N, hidden)). Its twin is Eagle3Head.step's module path.
 #pragma once
 
 #include "mlx/array.h"
@@ -37,6 +43,7 @@ struct BlockShape {
   // for float32 weights. q8: the quantized products take int8 activations (quantized_matmul.h).
   int quant[4][2];
   bool q8;
+  bool dual = false;  // the EAGLE-3 layer (above)
   bool operator==(const BlockShape&) const = default;
 };
 
