@@ -125,6 +125,7 @@ DRAFTERS = {  # for a 2-layer target
     "auto": spec("auto", draft="-"),
     "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
     "eagle3+lookup": lambda target, draft, s: greedy_head(target, draft, s, "eagle3+lookup"),
+    "eagle3-8bit": lambda target, draft, s: quantized_random_head(target),
     "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
     "corpus": lambda target, draft, s: greedy_corpus(target, CorpusDrafter),
     "corpus-table": lambda target, draft, s: greedy_corpus(target, TableOnly),
@@ -156,6 +157,20 @@ class EagerLookup(PromptLookupDrafter):
     threshold, is rare here), which is what ``eagle3+lookup`` is to test."""
 
     SURE_MATCH = 1
+
+
+def quantized_random_head(target):
+    """A random EAGLE-3 head with its weights in 8 bits (``head_bits``' drafting copy, the
+    products through the native kernels where they run) and a draft vocabulary of 48 ids:
+    its top-k children are arbitrary proposals, which the target's top-4 sampling rejects; a
+    lookup that calls a 1-token match sure joins its trees, so drafts are also accepted."""
+    from edgespec.heads.eagle3 import quantized_head
+
+    from .test_eagle3 import random_head
+
+    head = random_head(target, seed=5, draft_vocab_size=48)
+    head.set_draft_vocab(np.arange(48))
+    return Eagle3Drafter(target, quantized_head(head, 8), None, nodes=4, lookup=EagerLookup())
 
 
 def greedy_head(target, draft, sampling, kind: str):

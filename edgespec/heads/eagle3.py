@@ -13,8 +13,9 @@ vocabulary. The math (the EAGLE-3 reference convention, as vLLM and SpecForge ru
 **Positions.** The pair at position t is (h_t, emb(x_{t+1})) and predicts x_{t+2}; its RoPE
 position is t. A depth-j node at position p takes its parent's ``out`` as h and the embedding of
 its parent's drafted token; it sees the true (step-0) entries at positions <= p-j and its drafted
-ancestors. ``step`` runs any such set of rows against the head's own :class:`KVCache` (the
-caller commits each depth and trims the drafts afterwards); ``unroll`` is the training-time test:
+ancestors. ``step`` runs any such set of rows against the head's own :class:`KVCache` (nothing
+committed: the drafter commits true pairs only, and scores a depth's drafted rows beside the
+earlier depths' under one ``TreeMask``); ``unroll`` is the training-time test:
 the same rows for whole training sequences, all depths, in one differentiable pass per depth.
 A test checks that the two give the same row.
 
