@@ -249,7 +249,8 @@ class Eagle3Drafter(Drafter):
         top = np.argpartition(-lg, self.top_k - 1, axis=-1)[:, : self.top_k]
         m = lg.max(axis=-1, keepdims=True)
         lse = m + np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
-        probs, ids = np.exp(np.take_along_axis(lg, top, axis=-1) - lse), self.head.to_target_ids(top)
+        probs = np.exp(np.take_along_axis(lg, top, axis=-1) - lse)
+        ids = self.head.to_target_ids(top)
         for r, u in enumerate(nodes):
             for i in np.argsort(-probs[r], kind="stable"):
                 tokens.append(int(ids[r, i]))

@@ -137,7 +137,8 @@ def native_summary() -> str:
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
             f", quantized_small_matmul (4/8-bit; int8 activations {q8}; weights unpacked {unpack}),"
             f" tree_attention (<= 64 nodes), rms_norm, "
-            f"qkv_rope, decoder_block (float or 4/8-bit, <= {SMALL_M_MAX} tokens), {st.reason}")
+            f"qkv_rope, decoder_block (float or 4/8-bit, <= {SMALL_M_MAX} tokens; also the "
+            f"EAGLE-3 head's layer), {st.reason}")
 
 
 # ---- the Metal kernels (kernels_metal/: tree attention, acceptance, KV compaction) -------------
