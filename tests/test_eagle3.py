@@ -136,10 +136,11 @@ def test_oracle_head_gets_every_draft_accepted(target):
 
 
 @pytest.mark.parametrize("curve", [None, FLAT])
-def test_prompt_lookup_joins_the_head_tree_and_keeps_greedy_output(target, curve):
-    """With ``lookup``, a sure prompt-lookup match's branch joins the head's tree in the same
-    verification (the head's nodes first, shared prefixes once): the output stays plain
-    decoding's; the head's calibration sees only its own nodes; lookup learns from its branch."""
+def test_sure_lookup_steps_draft_alone_and_keep_greedy_output(target, curve):
+    """With ``lookup``, a step whose prompt-lookup match is sure drafts lookup's branch alone
+    (no head forward); the head takes those steps' pairs in one forward when it next drafts.
+    The output stays plain decoding's; the head's calibration sees only its own trees; lookup
+    learns from its own branches; the head's cache ends holding every committed pair."""
     from edgespec.drafters.lookup import PromptLookupDrafter
 
     head = random_head(target)
@@ -148,30 +149,34 @@ def test_prompt_lookup_joins_the_head_tree_and_keeps_greedy_output(target, curve
         plain = Engine(target).generate(prompt, max_tokens=40)
         lookup = PromptLookupDrafter()
         drafter = Eagle3Drafter(target, head, curve, nodes=None if curve else 3, lookup=lookup)
-        unions, observed = [], []
-        propose, observe = drafter.propose, drafter.calibration.observe_tree
+        kinds, observed, forwards = [], [], []
+        propose, observe, step = drafter.propose, drafter.calibration.observe_tree, head.step
 
         def spy(budget):
+            sure = lookup.confident()
+            before = len(forwards)
             tree = propose(budget)
-            if drafter._branch is not None and drafter._own is not None:
-                own, branch = drafter._own, drafter._branch
-                assert tree.tokens[: len(own)] == own.tokens  # the head's nodes keep their ids
-                assert tree.parents[: len(own)] == own.parents
-                paths = {tuple(tree.tokens[u] for u in tree.path_to(v)) for v in range(len(tree))}
-                assert all(tuple(branch.tokens[u] for u in branch.path_to(v)) in paths
-                           for v in range(len(branch)))  # and the branch is all there
-                unions.append(tree)
+            kinds.append(sure)
+            if sure:  # lookup's branch alone, no head forward
+                assert len(forwards) == before and drafter._own is False
             return tree
 
         def spy_observe(tree, confidence, path):
-            observed.append((tree, len(confidence), path))
+            observed.append(tree)
             return observe(tree, confidence, path)
 
         drafter.propose, drafter.calibration.observe_tree = spy, spy_observe
-        res = Engine(target, drafter).generate(prompt, max_tokens=40)
+        head.step = lambda *a, **kw: forwards.append(1) or step(*a, **kw)
+        try:
+            res = Engine(target, drafter).generate(prompt, max_tokens=40)
+        finally:
+            del head.step
         assert res.token_ids == plain.token_ids
-        assert unions, "no sure lookup match joined a tree"
-        assert all(n == len(t) and max(p) < len(t) for t, n, p in observed)
+        assert any(kinds), "no sure lookup step"
+        assert len(observed) <= kinds.count(False)
+        drafter._flush()
+        ids = Engine(target).encode(prompt) + res.token_ids
+        assert drafter.base + drafter.cache.offset == len(ids) - 1  # every committed pair but the last
     assert lookup.index.tokens[-len(res.token_ids) + 1 :] == res.token_ids[:-1]
 
 

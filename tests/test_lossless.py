@@ -124,8 +124,7 @@ DRAFTERS = {  # for a 2-layer target
     "cascade": spec("cascade", draft="-"),
     "auto": spec("auto", draft="-"),
     "eagle3": lambda target, draft, s: greedy_head(target, draft, s, "eagle3"),
-    "eagle3+lookup": lambda target, draft, s: greedy_head(target, draft, s, "eagle3+lookup"),
-    "eagle3-8bit": lambda target, draft, s: quantized_random_head(target),
+    "eagle3-8bit+lookup": lambda target, draft, s: quantized_random_head(target),
     "medusa": lambda target, draft, s: greedy_head(target, draft, s, "medusa"),
     "corpus": lambda target, draft, s: greedy_corpus(target, CorpusDrafter),
     "corpus-table": lambda target, draft, s: greedy_corpus(target, TableOnly),
@@ -152,18 +151,19 @@ def greedy_corpus(target, kind):
 
 
 class EagerLookup(PromptLookupDrafter):
-    """Prompt lookup that calls a 1-token match sure: with the eagle3 oracle, its branch then
-    joins the head's tree on most steps of this short, sampled text (a 3-token match, the real
-    threshold, is rare here), which is what ``eagle3+lookup`` is to test."""
+    """Prompt lookup that calls a 2-token match sure: beside an EAGLE-3 head, lookup's branch
+    then drafts about 2 steps in 5 of this short, sampled text alone and the head the others
+    (a 3-token match, the real threshold, is rare here)."""
 
-    SURE_MATCH = 1
+    SURE_MATCH = 2
 
 
 def quantized_random_head(target):
     """A random EAGLE-3 head with its weights in 8 bits (``head_bits``' drafting copy, the
     products through the native kernels where they run) and a draft vocabulary of 48 ids:
     its top-k children are arbitrary proposals, which the target's top-4 sampling rejects; a
-    lookup that calls a 1-token match sure joins its trees, so drafts are also accepted."""
+    lookup that calls a 2-token match sure drafts some steps alone (the head takes their pairs
+    when it next drafts), so drafts are also accepted."""
     from edgespec.heads.eagle3 import quantized_head
 
     from .test_eagle3 import random_head
@@ -182,8 +182,7 @@ def greedy_head(target, draft, sampling, kind: str):
     seq = ids + Engine(target).generate(ids, max_tokens=2 * L).token_ids
     if kind == "medusa":
         return MedusaDrafter(target, OracleHeads(target, seq, k=2), None, shape=(2, 2), nodes=3)
-    lookup = EagerLookup() if kind == "eagle3+lookup" else None
-    return Eagle3Drafter(target, OracleHead(target, seq), None, nodes=3, lookup=lookup)
+    return Eagle3Drafter(target, OracleHead(target, seq), None, nodes=3)
 
 
 MODEL = {"seed": 3, "scale": 1.0, "tie": False}  # untied: a tied random model only repeats itself

@@ -74,13 +74,12 @@ def best_first(probs: np.ndarray) -> np.ndarray:
 
 def choose(parents: list[int], confidence: np.ndarray, calibration: Calibration,
            curve: CostCurve | None, draft_ms: float, nodes: int | None,
-           limit: int, in_tree: int = 0) -> tuple[np.ndarray, Budget | None]:
+           limit: int) -> tuple[np.ndarray, Budget | None]:
     """The drafted nodes to verify (ids, ancestor-closed, best first) and, when sized by the
-    cost curve (``nodes=None``), the budget chosen. At most ``limit`` nodes either way.
-    ``in_tree``: drafted nodes another proposal adds to the same forward (``best_budget``)."""
+    cost curve (``nodes=None``), the budget chosen. At most ``limit`` nodes either way."""
     probs = path_probs(parents, calibration(confidence))
     order = best_first(probs)
     if nodes is not None:
         return order[: min(nodes, limit)], None
-    budget = best_budget(probs[order], curve, draft_ms, limit=limit, in_tree=in_tree)
+    budget = best_budget(probs[order], curve, draft_ms, limit=limit)
     return order[: budget.nodes], budget

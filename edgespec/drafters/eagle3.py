@@ -33,11 +33,11 @@ sampling alike through ``verify.accept``.
 **Prompt lookup beside the head** (``lookup``, which the ``eagle3`` method gives it): when the
 text's latest words occurred before with at least ``SURE_MATCH`` (3) tokens matched, what
 followed them then is right most of the time, more often than a small head's guesses on text
-it copies (MT-bench's extraction prompts: lookup tau 3.0 against this head's 2.2). That branch
-then joins the head's tree in the same verification (a trie union, ``tree.merge``), and the
-head's nodes are sized with the branch's nodes already in the forward (``best_budget``'s
-``in_tree``). Only the head's nodes teach the calibration. ``auto``'s EAGLE-3 arm runs without
-it: auto's lookup (or corpus) arm takes such steps itself.
+it copies. Such a step drafts lookup's branch alone, at no head cost: the step's pairs wait in
+``pending`` like another drafter's, and go through the head in one forward when it next drafts.
+(Joining the branch to the head's tree in one verification was measured too, on training-style
+prompts: a higher tau, less speed; ``docs/architecture.md``, stop 28.) ``auto``'s EAGLE-3 arm
+runs without it: auto's lookup (or corpus) arm takes such steps itself.
 
 With prefix reuse the engine scores only the prompt's tail; the drafter keeps the pairs and
 fused features it had for the shared prefix, and otherwise starts its cache at the first
@@ -56,7 +56,7 @@ from ..prompt import shared_prefix
 from ..targets.cost import CostCurve, best_budget
 from ..targets.target import Target, TargetOutput
 from ..kernels.tree_mask import MAX_NODES, TreeMask, ancestor_bits, tree_mask
-from ..tree import DraftTree, chain_mask, merge, subtree
+from ..tree import DraftTree, chain_mask, subtree
 from ..verify import Accepted
 from .base import Drafter
 from .confidence import Calibration, choose, path_probs
@@ -97,11 +97,9 @@ class Eagle3Drafter(Drafter):
         self.feat_base = 0
         self.last: tuple[mx.array, mx.array] | None = None  # last pair's (out, logits) row
         self.pending: list[tuple[mx.array, list[int]]] = []  # pairs not yet fed to the head
-        self._tree: DraftTree | None = None  # the last proposal (with lookup's branch, if any)
-        self._own: DraftTree | None = None  # the head's part of it: its nodes come first
+        self._tree: DraftTree | None = None  # the last proposal
+        self._own = False  # whether the head drafted it (else lookup's branch, or nothing)
         self._confidence: np.ndarray | None = None
-        self._branch: DraftTree | None = None  # lookup's part of it
-        self._in_tree = 0  # lookup's drafted nodes in this proposal's forward
         if self.lookup is not None:
             self.lookup.reset()
 
@@ -180,20 +178,16 @@ class Eagle3Drafter(Drafter):
 
     def propose(self, budget: int) -> DraftTree:
         root = self.history[-1]
-        self._tree = self._own = self._branch = None
-        self._in_tree = 0
+        self._tree, self._own = None, False
         if budget <= 0:
             return DraftTree.chain(root, [])
-        if self.lookup is not None and self.lookup.confident():
-            self._branch = self.lookup.propose(budget)
-            self._in_tree = self._branch.num_drafted
+        if self.lookup is not None and self.lookup.confident():  # lookup's branch alone
+            self._tree = self.lookup.propose(budget)
+            return self._tree
         self._flush()
-        if self.last is None:  # nothing to draft from yet: lookup's branch alone, if any
-            self._tree = self._branch
-            return self._branch or DraftTree.chain(root, [])
-        own = self._propose_own(root, budget)
-        self._own = own
-        self._tree = own if self._branch is None else merge([own, self._branch])
+        if self.last is None:
+            return DraftTree.chain(root, [])
+        self._tree, self._own = self._propose_own(root, budget), True
         return self._tree
 
     def _propose_own(self, root: int, budget: int) -> DraftTree:
@@ -277,7 +271,7 @@ class Eagle3Drafter(Drafter):
 
     def _cut(self, parents, conf, forwards: int):
         return choose(parents, np.array(conf), self.calibration, self.curve,
-                      self._draft_ms(forwards), self.nodes, self.max_nodes, self._in_tree)
+                      self._draft_ms(forwards), self.nodes, self.max_nodes)
 
     def _deeper_pays(self, parents, conf, frontier: list[int], forwards: int,
                      rate_now: float) -> bool:
@@ -294,7 +288,7 @@ class Eagle3Drafter(Drafter):
         probs = path_probs(parents, self.calibration(np.array(conf)))[1:]
         children = np.outer(probs[np.array(frontier) - 1], self.child_edges).ravel()
         more = best_budget(np.sort(np.concatenate([probs, children]))[::-1], self.curve,
-                           self._draft_ms(forwards + 1), self.max_nodes, self._in_tree)
+                           self._draft_ms(forwards + 1), self.max_nodes)
         if more.rate > rate_now:
             return True
         self.held_back += forwards == 0
@@ -313,21 +307,20 @@ class Eagle3Drafter(Drafter):
         t0 = time.perf_counter()
         path = accepted.path
         mine = tree is self._tree and tree is not None
-        own = self._own
-        if mine and own is not None and own.num_drafted:
-            # the head's nodes keep their ids in the union (they come first), so the accepted
-            # path's head part is its prefix below len(own)
-            self.calibration.observe_tree(own, self._confidence, [u for u in path if u < len(own)])
-        if self.lookup is not None:
-            branch = self._branch if mine and self._branch is not None else None
-            self.lookup.update(accepted, branch or DraftTree.chain(tree.tokens[0], []), target_out)
-        self._tree = self._own = self._branch = None
+        own = mine and self._own  # the head drafted this step's tree
+        if own and tree.num_drafted:
+            self.calibration.observe_tree(tree, self._confidence, path)
+        if self.lookup is not None:  # its streak learns from its own branches only
+            ours = mine and not own
+            self.lookup.update(accepted, tree if ours else DraftTree.chain(tree.tokens[0], []),
+                               target_out)
+        self._tree, self._own = None, False
         h = self._fused(target_out, mx.array(path))
         self.feats.append(h)
         self.pending.append((h, accepted.tokens))
         self.history.extend(accepted.tokens)
-        if not mine and sum(len(ts) for _, ts in self.pending) < _CHUNK:
-            return  # another drafter's step: fed when this one next proposes
+        if not own and sum(len(ts) for _, ts in self.pending) < _CHUNK:
+            return  # another drafter's step, or lookup's: fed when the head next drafts
         self._flush()
         mx.eval(self.last)
         ms = (time.perf_counter() - t0) * 1e3

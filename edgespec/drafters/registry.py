@@ -148,8 +148,8 @@ def _quantized(spec, target, sampling, draft):
 
 
 def _eagle3(spec, target, sampling, draft, *, with_lookup: bool = True):
-    """The EAGLE-3 drafter, with prompt lookup's sure matches joining its trees (not as
-    ``auto``'s arm: auto's lookup or corpus arm takes those steps)."""
+    """The EAGLE-3 drafter, with prompt lookup drafting the steps its match is sure of (not
+    as ``auto``'s arm: auto's lookup or corpus arm takes those steps)."""
     from ..targets.cost import verify_cost_curve
     from .eagle3 import Eagle3Drafter
     from .lookup import PromptLookupDrafter
@@ -337,8 +337,8 @@ METHODS: tuple[Method, ...] = (
            _quantized, reads=("draft_bits", *_LENGTH)),
     Method("cascade", "prompt lookup drafts for the draft model, which drafts for the target",
            _cascade, reads=("draft", *_LENGTH), needs_draft=True),
-    Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features, "
-           "joined by prompt lookup's sure matches",
+    Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features "
+           "(prompt lookup drafts the steps it is sure of)",
            _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3_arm),
     Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
            _medusa, reads=("head", *_LENGTH), needs_head=True),
