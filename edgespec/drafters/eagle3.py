@@ -52,10 +52,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
+from ..kernels.tree_mask import MAX_NODES, TreeMask, ancestor_bits, tree_mask
 from ..prompt import shared_prefix
 from ..targets.cost import CostCurve, best_budget
 from ..targets.target import Target, TargetOutput
-from ..kernels.tree_mask import MAX_NODES, TreeMask, ancestor_bits, tree_mask
 from ..tree import DraftTree, chain_mask, subtree
 from ..verify import Accepted
 from .base import Drafter
@@ -76,7 +76,7 @@ class Eagle3Drafter(Drafter):
                  lookup: PromptLookupDrafter | None = None):
         """``head``: an ``Eagle3Head`` (checked against ``target``); ``nodes``: verify exactly
         that many drafted nodes per step (None: sized by ``curve`` and the calibration);
-        ``lookup``: prompt lookup whose sure matches join the tree (above)."""
+        ``lookup``: prompt lookup, which drafts the steps its match is sure of (above)."""
         assert nodes is not None or curve is not None, "a fixed node count or a cost curve"
         self.target, self.head, self.curve, self.lookup = target, head, curve, lookup
         self.target_features = tuple(head.config.aux_layers)
