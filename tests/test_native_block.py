@@ -141,16 +141,23 @@ def test_a_held_cache_array_keeps_its_rows(mod, tiny_models):
         np.testing.assert_array_equal(a, b)
 
 
-def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights after the biases
-    x = mx.zeros((2, 8))
+def _small_block(width: int = 8):
+    """A float block's inputs for 2 tokens (hidden 8, x and q|k|v ``width`` wide: 16 for the
+    dual form), weights after the biases, and its keyword arguments but ``slots``."""
     keys = mx.zeros((1, 1, 16, 4))
     anc, qpos = mx.zeros((2, 2), dtype=mx.uint32), mx.zeros((2,), dtype=mx.int32)
-    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((8,)), mx.ones((8,)),
-              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,)),
-              mx.zeros((16, 8)), mx.zeros((8, 8)), mx.zeros((32, 8)), mx.zeros((8, 16))]
+    arrays = [mx.zeros((2, width)), keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((width,)),
+              mx.ones((8,)), mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,)),
+              mx.zeros((16, width)), mx.zeros((8, 8)), mx.zeros((32, 8)), mx.zeros((8, 16))]
     args = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, rope_dims=4,
                 traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
                 quant=[], q8=False, key_start=0, window=0)
+    return arrays, args
+
+
+def test_bad_inputs_name_what_is_allowed(mod):  # the float layout: weights after the biases
+    arrays, args = _small_block()
+    keys = arrays[1]
     out, k, v = mod.decoder_block(arrays, slots=3, **args)
     assert out.shape == (2, 8) and k.shape == keys.shape
     with pytest.raises(ValueError, match="no room for the new rows"):
@@ -260,18 +267,11 @@ def test_native_head_layer_matches_its_twin(mod, bits, monkeypatch):
 
 
 def test_dual_block_names_its_shapes(mod):
-    x = mx.zeros((2, 8))  # dual wants (N, 2 hidden)
-    keys = mx.zeros((1, 1, 16, 4))
-    anc, qpos = mx.zeros((2, 2), dtype=mx.uint32), mx.zeros((2,), dtype=mx.int32)
-    arrays = [x, keys, keys, anc, qpos, mx.zeros((2,)), mx.ones((16,)), mx.ones((8,)),
-              mx.zeros((0,)), mx.zeros((0,)), mx.zeros((0,)),
-              mx.zeros((16, 16)), mx.zeros((8, 8)), mx.zeros((32, 8)), mx.zeros((8, 16))]
-    args = dict(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, rope_dims=4,
-                traditional=False, mscale=1.0, rope_scale=1.0, eps=1e-5, attn_scale=0.5,
-                quant=[], q8=False, slots=3, key_start=0, window=0, dual=True)
+    arrays, args = _small_block(width=16)
+    args = dict(args, slots=3, dual=True)
     with pytest.raises(ValueError, match=r"\(N, 2 hidden\)"):
-        mod.decoder_block(arrays, **args)
-    out, k, _ = mod.decoder_block([mx.zeros((2, 16))] + arrays[1:], **args)
-    assert out.shape == (2, 8) and k.shape == keys.shape
+        mod.decoder_block([mx.zeros((2, 8))] + arrays[1:], **args)  # dual wants (N, 2 hidden)
+    out, k, _ = mod.decoder_block(arrays, **args)
+    assert out.shape == (2, 8) and k.shape == arrays[1].shape
     with pytest.raises(ValueError, match=r"n1 \(2 hidden,\)"):
-        mod.decoder_block([mx.zeros((2, 16))] + arrays[1:6] + [mx.ones((8,))] + arrays[7:], **args)
+        mod.decoder_block(arrays[:6] + [mx.ones((8,))] + arrays[7:], **args)

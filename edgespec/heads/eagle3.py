@@ -42,8 +42,9 @@ from mlx.utils import tree_flatten
 from ..cache import KVCache
 from ..kernels.activations import silu
 from ..kernels.attention import attend, prepare
-from ..kernels.matmul import linear
 from ..kernels.backend import SMALL_M_MAX
+from ..kernels.fused_block import joined_weights, native_takes, quant_key, run_native_block
+from ..kernels.matmul import linear
 from ..kernels.rope_norm import inverse_frequencies, qkv_rope, rms_norm
 from ..kernels.tree_mask import TreeMask
 from ..targets.parts import Attention, GatedMLP, Rope
@@ -204,7 +205,7 @@ class Eagle3Head(nn.Module):
             return None
         made = getattr(self, "_native", None)
         if made is None or not made.current(self.layer):
-            made = self._native = NativeLayer.build(self.layer)
+            made = self._native = NativeLayer(self.layer)
         return made if made.args is not None else None
 
     # -- training
@@ -237,73 +238,55 @@ class Eagle3Head(nn.Module):
 class NativeLayer:
     """The head's layer as the native decoder block's arguments (``dual``): n1 = both input
     norms' weights side by side, q|k|v and gate|up joined (copies: the modules keep their own
-    for training and the twin), each product float32 or MLX's affine 4/8-bit packing. ``args``
-    is None where the op does not take the layer (other dtypes, biases, bits or group sizes, or
-    no native kernels); ``current`` tells when the modules' weights were replaced since."""
+    for training and the twin), float32 or, as the target's blocks, MLX's affine 4/8-bit
+    packing throughout (``kernels.fused_block``'s rules). ``args`` is None where the op does
+    not take the layer (other layers, dtypes, bits or group sizes, biases, or float and
+    quantized projections mixed); ``current`` tells when the modules' weights were replaced
+    since."""
 
     def __init__(self, layer: Eagle3Layer):
         a, m, r = layer.self_attn, layer.mlp, layer.self_attn.rope
-        self.source = [lin.weight for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-                                              m.gate_proj, m.up_proj, m.down_proj)]
+        self.source = _projection_weights(layer)
         self.args = None
-        groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
-                  [m.down_proj])
-        quant, weights = [], []
-        for mods in groups:
-            kinds = {(type(lin), getattr(lin, "group_size", 0), getattr(lin, "bits", 0),
-                      getattr(lin, "mode", "affine"), "bias" in lin) for lin in mods}
-            if len(kinds) != 1:
-                return
-            kind, gs, bits, mode, bias = kinds.pop()
-            if bias or mode != "affine" or kind not in (nn.Linear, nn.QuantizedLinear):
-                return
-            if kind is nn.QuantizedLinear:
-                if bits not in (4, 8) or gs not in (32, 64, 128):
-                    return
-                weights += [mx.concatenate([lin[n] for lin in mods])
-                            for n in ("weight", "scales", "biases")]
-            else:
-                weights.append(mx.concatenate([lin.weight for lin in mods]))
-            quant.append([gs, bits])
+        quant = quant_key(layer)
+        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
+                       m.down_proj)
+        if quant is None and any(type(lin) is not nn.Linear or "bias" in lin
+                                 for lin in projections):
+            return
+        if not native_takes(quant):
+            return
+        quantized = quant is not None
+        weights = []
+        for mods in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
+                     [m.down_proj]):
+            joined = joined_weights(mods, quantized)
+            weights += list(joined) if quantized else [joined]
         norms = [layer.input_layernorm.weight, layer.hidden_norm.weight,
                  layer.post_attention_layernorm.weight]
-        if any(w.dtype != mx.float32 for w in weights + norms if w.dtype != mx.uint32):
-            return
-        from ..kernels import native
-
-        self.op = native.load()
-        if self.op is None:
+        if any(w.dtype not in (mx.float32, mx.uint32) for w in norms + weights):
             return
         inv_freq = inverse_frequencies(r.dims, r.base, r.freqs) if r.dims else mx.zeros((0,))
         none = mx.zeros((0,))
-        n1 = mx.concatenate(norms[:2])
-        self.args = [inv_freq, n1, norms[2], none, none, none, *weights]
+        self.args = [inv_freq, mx.concatenate(norms[:2]), norms[2], none, none, none, *weights]
         mx.eval(self.args)
         self.shape = (norms[2].shape[0], a.h, a.kv, a.d, m.gate_proj.weight.shape[0], r.dims,
                       r.traditional, r.mscale, r.scale, layer.input_layernorm.eps, a.scale,
-                      quant if any(b for _, b in quant) else [])
-
-    @classmethod
-    def build(cls, layer: Eagle3Layer) -> NativeLayer:
-        return cls(layer)
+                      [list(q) for q in quant] if quantized else [])
 
     def current(self, layer: Eagle3Layer) -> bool:
-        a, m = layer.self_attn, layer.mlp
-        now = [lin.weight for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
-                                      m.up_proj, m.down_proj)]
-        return all(x is y for x, y in zip(now, self.source))
+        return all(x is y for x, y in zip(_projection_weights(layer), self.source))
 
     def __call__(self, x: mx.array, mask: TreeMask, cache: KVCache, slot: int) -> mx.array:
         """x (N, 2H) = embedding | hidden state; writes the N rows' keys/values to ``cache``'s
         scratch slots of ``slot``; returns out (N, H)."""
-        kv, d = self.shape[2:4]
-        keys, values, slots = cache.write_buffers(slot, x.shape[0], kv, d)
-        anc, qpos = mask.device_arrays
-        out, keys, values = self.op.decoder_block(
-            [x, keys, values, anc, qpos, *self.args], *self.shape, False, slots, mask.key_start,
-            mask.window or 0, dual=True)
-        cache.set_buffers(slot, keys, values)
-        return out
+        return run_native_block(self.args, self.shape, x, mask, cache, slot, False, dual=True)
+
+
+def _projection_weights(layer: Eagle3Layer) -> list[mx.array]:
+    a, m = layer.self_attn, layer.mlp
+    return [lin.weight for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
+                                   m.up_proj, m.down_proj)]
 
 
 QUANT_GROUP = 32

@@ -83,8 +83,7 @@ class FusedBlock:
         # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128), without
         # per-head q/k norms.
         self.native_args = None
-        if "nq" not in weights and all(b in (4, 8) and g in (32, 64, 128)
-                                       for g, b in (quant or ())):
+        if "nq" not in weights and native_takes(quant):
             def flat(name):
                 w = weights[name]
                 return list(w) if isinstance(w, tuple) else [w]
@@ -108,7 +107,7 @@ class FusedBlock:
         a, m = block.self_attn, block.mlp
         qkv, gu = [a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]
         layers = (*qkv, *gu, a.o_proj, m.down_proj)
-        quant = _quant_key(block)  # None unless every projection is a quantized layer it takes
+        quant = quant_key(block)  # None unless every projection is a quantized layer it takes
         quantized = quant is not None
         if not quantized and any(type(lin) is not nn.Linear for lin in layers):
             return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
@@ -119,17 +118,11 @@ class FusedBlock:
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
         names = _PACKED if quantized else ("weight",)
-
-        def one(lin):
-            return tuple(lin[n] for n in names) if quantized else lin.weight
-
-        def joined(mods):
-            parts = [mx.concatenate([lin[n] for lin in mods]) for n in names]
-            return tuple(parts) if quantized else parts[0]
-
         if placed is None:
-            streamed = {"wqkv": joined(qkv), "wo": one(a.o_proj), "wgu": joined(gu),
-                        "wd": one(m.down_proj)}
+            streamed = {"wqkv": joined_weights(qkv, quantized),
+                        "wo": joined_weights([a.o_proj], quantized),
+                        "wgu": joined_weights(gu, quantized),
+                        "wd": joined_weights([m.down_proj], quantized)}
         else:
             streamed = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
@@ -186,15 +179,39 @@ class FusedBlock:
     def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
         """The block as one native operation (``native/block.h``); it writes this forward's
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
-        kv, d = self.native_shape[2:4]
-        keys, values, slots = cache.write_buffers(layer, x.shape[1], kv, d)
-        anc, qpos = mask.device_arrays
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
-        out, keys, values = native.load().decoder_block(
-            [x, keys, values, anc, qpos, *self.native_args], *self.native_shape, q8, slots,
-            mask.key_start, mask.window or 0)
-        cache.set_buffers(layer, keys, values)
-        return out
+        return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8)
+
+
+def joined_weights(mods, quantized: bool):
+    """The weights of ``mods`` (linear layers alike in kind) stacked along their output rows:
+    one float array, or the (packed, scales, biases) triplet of quantized layers. A single
+    layer's arrays are its own (no copy)."""
+    names = _PACKED if quantized else ("weight",)
+    parts = [mods[0][n] if len(mods) == 1 else mx.concatenate([lin[n] for lin in mods])
+             for n in names]
+    return tuple(parts) if quantized else parts[0]
+
+
+def native_takes(quant: tuple | None) -> bool:
+    """Whether the native block takes products with these (group size, bits) (None: float)."""
+    return all(b in (4, 8) and g in (32, 64, 128) for g, b in (quant or ()))
+
+
+def run_native_block(args: list, shape: tuple, x: mx.array, mask: TreeMask, cache: KVCache,
+                     layer: int, q8: bool, dual: bool = False) -> mx.array:
+    """One forward through the native decoder block (``native/block.h``) with the block's
+    ``args`` (inverse frequencies, norms, biases, weights) and ``shape``: the new rows'
+    keys/values go into ``cache``'s buffers of ``layer``. ``dual``: the EAGLE-3 head's layer
+    (``heads/eagle3.NativeLayer``)."""
+    kv, d = shape[2:4]
+    keys, values, slots = cache.write_buffers(layer, x.shape[-2], kv, d)
+    anc, qpos = mask.device_arrays
+    out, keys, values = native.load().decoder_block(
+        [x, keys, values, anc, qpos, *args], *shape, q8, slots, mask.key_start, mask.window or 0,
+        dual=dual)
+    cache.set_buffers(layer, keys, values)
+    return out
 
 
 def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj, down_proj) -> dict:
@@ -210,7 +227,7 @@ def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj, 
     return streamed
 
 
-def _quant_key(block) -> tuple | None:
+def quant_key(block) -> tuple | None:
     """(group size, bits) of the q|k|v, o, gate|up and down products of a block whose
     projections are all bias-free affine QuantizedLinear layers with q/k/v and gate/up alike;
     None otherwise (a float block, or one the quantized fused path does not take)."""
