@@ -82,7 +82,8 @@ def main() -> None:
 
 def load_engine(c: options.Configs, method_named: bool = True):
     """The engine for ``c``; unless ``method_named``, its method is the interactive default for
-    the loaded model (``options.method_for_model``: the corpus where one is found)."""
+    the loaded model (``options.method_for_model``: an EAGLE-3 head or the corpus where one is
+    found)."""
     from . import Engine, load_target, make_drafter
 
     target = load_target(c.model.model, dtype=c.model.dtype)

@@ -29,13 +29,19 @@ _ALIASES = {"temperature": ("--temp",)}  # short spellings kept for existing scr
 
 
 def interactive_method(draft: str | None, target=None, head: str | None = None) -> str:
-    """The method of ``chat``, ``serve`` and the Python API when none is named: 'draft' with a
-    draft model; else 'corpus' when a corpus (``edgespec train corpus``) is found for the loaded
-    ``target`` (1.44x plain decoding on 40 MT-bench prompts of the demo model against lookup's
-    1.30x, 1.37x against 1.20x at temperature 0.7); else 'lookup', the best method that needs
-    nothing.
-    A ``head`` folder given (``--head``) whose config names its kind picks that kind's method.
-    Without ``target`` (before the model is loaded) no corpus is looked for; each surface asks
+    """The method of ``chat``, ``serve`` and the Python API when none is named:
+    - 'draft' with a draft model;
+    - the kind of a ``head`` folder given (``--head``) whose config names it;
+    - 'eagle3' when an EAGLE-3 head is found for the loaded ``target``, the target's weights are
+      not quantized and the native CPU kernels run (``eagle3_pays``): where it was measured to
+      beat the corpus. On 32 held-out training-style questions (the heads' Magpie questions
+      that were never answered or trained on): 1.91x plain decoding against the corpus's 1.75x
+      (AMD EPYC, stop 29);
+    - else 'corpus' when a corpus (``edgespec train corpus``) is found (1.44x plain decoding on
+      40 MT-bench prompts of the demo model against lookup's 1.30x, 1.37x against 1.20x at
+      temperature 0.7);
+    - else 'lookup', the best method that needs nothing.
+    Without ``target`` (before the model is loaded) no head is looked for; each surface asks
     again once its model is loaded, when no method was named (``method_for_model``)."""
     if draft is not None:
         return "draft"
@@ -43,9 +49,21 @@ def interactive_method(draft: str | None, target=None, head: str | None = None) 
         kind = head_kind(head)
         if kind in registry.NAMES and registry.get(kind).needs_head:
             return kind
-    if target is not None and "corpus" in registry.heads_for(target, head):
-        return "corpus"
-    return "lookup"
+    if target is None:
+        return "lookup"
+    found = registry.heads_for(target, head)
+    if "eagle3" in found and eagle3_pays(target):
+        return "eagle3"
+    return "corpus" if "corpus" in found else "lookup"
+
+
+def eagle3_pays(target) -> bool:
+    """Whether an EAGLE-3 head is the default here: a float target whose products the native
+    CPU kernels run. Elsewhere it was not measured to pay: on a 4-bit target a head's forwards
+    are a larger share of a step (stop 25: 0.70x), and no GPU run of the default was made."""
+    from .kernels.backend import native_enabled
+
+    return not target.quantized and native_enabled()
 
 
 def method_for_model(spec: SpecConfig, named: bool, target) -> SpecConfig:
@@ -78,9 +96,12 @@ class Surface:
 
 
 _INTERACTIVE = Default(lambda given: interactive_method(given.get("draft"), head=given.get("head")),
-                       "'draft' with --draft, else 'corpus' when the model has one, else 'lookup'")
-_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'corpus' when the "
-                                              "model has one, else 'lookup'")
+                       "'draft' with --draft, else 'eagle3' when the model has an EAGLE-3 head and the native CPU "
+                       "kernels run, else 'corpus' when it has one, else 'lookup'")
+_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'eagle3' when the "
+                                              "model has an EAGLE-3 head and the native CPU "
+                                              "kernels run, else 'corpus' when it has one, else "
+                                              "'lookup'")
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 

@@ -99,6 +99,26 @@ def test_auto_gets_an_eagle3_arm_when_a_head_exists(model, heads, monkeypatch):
     assert auto.pulls["eagle3"] > 0  # it was tried, learning from every step's features
 
 
+def test_the_interactive_default_is_eagle3_where_the_native_kernels_run(model, heads,
+                                                                         monkeypatch):
+    """chat, serve and the API pick a found EAGLE-3 head for a float target on the native CPU
+    kernels (where it was measured to pay), and the corpus or lookup elsewhere."""
+    from edgespec.kernels import backend
+    from edgespec.options import interactive_method
+
+    _, target = model
+    assert interactive_method(None, target) == "lookup"  # no head found yet
+    monkeypatch.setenv("EDGESPEC_HEADS", str(heads))
+    monkeypatch.setattr(backend, "native_enabled", lambda: True)
+    assert interactive_method(None, target) == "eagle3"
+    monkeypatch.setattr(target, "quantized", True)  # a 4-bit target: its heads were slower
+    assert interactive_method(None, target) == "lookup"
+    monkeypatch.setattr(target, "quantized", False)
+    monkeypatch.setattr(backend, "native_enabled", lambda: False)  # pure MLX, or a GPU
+    assert interactive_method(None, target) == "lookup"
+    assert interactive_method(None, target, head=str(heads / "medusa")) == "medusa"  # --head
+
+
 def test_cli_without_a_head_exits_2_with_one_line(model, heads):
     path, target = model
     result = CliRunner().invoke(main, ["generate", "--model", str(path), "--method", "eagle3",

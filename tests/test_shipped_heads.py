@@ -78,3 +78,8 @@ def test_shipped_eagle3_never_trained_on_evaluation_prompts():
     exclusion = EvalExclusion.from_dir()
     assert len(exclusion) >= 80
     assert not [q for q in questions if exclusion.overlaps(q)]
+    # the held-out questions that design choices are measured on are some of these (written by
+    # the model, so excluded above), not evaluation prompts
+    held = [json.loads(line)["turns"][0] for line in
+            (ROOT / "data" / "SmolLM2-135M-Instruct" / "heldout-questions.jsonl").open()]
+    assert len(held) == 64 and set(held) <= set(questions)
