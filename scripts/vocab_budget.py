@@ -1,25 +1,30 @@
 """EAGLE-3 on this machine: draft vocabulary size x tree budget -> draft ms, verify ms, tau, tok/s.
 
     python scripts/vocab_budget.py [--head models/SmolLM2-135M-Instruct/eagle3]
-        [--vocabs 4096,8192,16384,32768] [--budgets 4,8,16,adaptive] [--limit 8]
-        [--max-tokens 128] [--json out.json]
+        [--vocabs 2048,4096,8192,16384] [--budgets 4,8,16,adaptive] [--limit 12]
+        [--prompts data/SmolLM2-135M-Instruct/heldout-questions.jsonl] [--head-bits 8]
+        [--no-lookup] [--max-tokens 128] [--json out.json]
 
 The issue asks which draft vocabulary pays on a small target, where the head's LM head is a
-large share of a draft step. Training one head per size costs an hour each here, so the sizes
-are made from one trained head, and the table says so:
+large share of a draft step. Training one head per size costs a GPU run each, so the sizes are
+made from one trained head, and the table says so. Token frequencies rank the ids: the labels
+of the head's training split when its feature store (``recipe.json``'s ``work_dir``) is here,
+else the tokens of the model's own answers in the shipped corpus (``--corpus``: the same kind of
+text, the model's greedy answers to questions it wrote).
 
-- the draft vocabulary of size V is the V most frequent labels of the head's *training* split
-  (``training/vocab.py``, from the feature store named in the head's ``recipe.json``);
-- ids the trained head has keep their trained LM-head row; ids it lacks get the target's own
-  LM-head row, which is how training initializes every row (so a larger V adds untrained rows,
-  a smaller V drops trained ones).
+- A vocabulary of size V at most the trained one keeps the trained head's V most frequent ids
+  and their trained LM-head rows: a pure pruning, no untrained row.
+- A larger V adds the most frequent other ids with the target's own LM-head rows, which is how
+  training initializes every row; its tau is a lower bound for a head trained at that size.
 
-So the draft and verify costs are those of a head of that size, and tau is a lower bound for
-V larger than the trained head's. Each budget is a fixed number of verified nodes
-(``--no-adaptive --num-draft N``) or ``adaptive`` (sized per step from this device's
-verify-cost curve). Plain decoding runs first on every prompt in the same process; speedup is
-tokens/s over it. Prompts: MT-bench first turns (measuring only; nothing is tuned on them).
-Run it on an otherwise idle machine.
+The drafter is the ``eagle3`` method's: the head in ``--head-bits`` (8 by default where the
+native kernels run) and prompt lookup drafting the steps it is sure of (``--no-lookup``: the
+head alone). Each budget is a fixed number of verified nodes or ``adaptive`` (sized per step
+from this device's verify-cost curve). Plain decoding runs first on every prompt in the same
+process; speedup is tokens/s over it. Default prompts: the held-out training-style questions
+(``data/SmolLM2-135M-Instruct/heldout-questions.jsonl``), on which a choice may be made;
+MT-bench (``--prompts ../shared/eval/mt_bench.jsonl``) only measures. Run it on an otherwise
+idle machine.
 """
 
 from __future__ import annotations
@@ -39,30 +44,53 @@ from tqdm import tqdm
 
 from edgespec.bench import _header, environment, load_prompts
 from edgespec.drafters.eagle3 import Eagle3Drafter
+from edgespec.drafters.lookup import PromptLookupDrafter
 from edgespec.engine import Engine
-from edgespec.heads.eagle3 import Eagle3Head
+from edgespec.heads.corpus import read_sources
+from edgespec.heads.eagle3 import Eagle3Head, quantized_head
 from edgespec.heads.formats import load_head
 from edgespec.heads.medusa import target_lm_head_rows
+from edgespec.kernels.backend import native_enabled
 from edgespec.loading.hub import resolve_model
 from edgespec.targets import load_target
 from edgespec.targets.cost import verify_cost_curve
 from edgespec.training import trainer
 from edgespec.training.features import FeatureStore
-from edgespec.training.vocab import draft_vocabulary
+from edgespec.training.vocab import label_counts
 
-EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval" / "mt_bench.jsonl"
+ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT = ROOT / "data" / "SmolLM2-135M-Instruct" / "heldout-questions.jsonl"
+CORPUS = ROOT / "models" / "SmolLM2-135M-Instruct" / "corpus"
 
 
-def resized(head: Eagle3Head, target, store: FeatureStore, recipe: dict, size: int) -> Eagle3Head:
-    """A copy of ``head`` with the ``size`` most frequent training labels as its vocabulary."""
-    s = recipe["settings"]
-    train_seqs, held_seqs = trainer.split(len(store), s["held_out"], s["seed"])
-    ids, _ = draft_vocabulary(store, train_seqs, held_seqs, size, target.args.vocab_size)
+def label_ranking(head: Eagle3Head, target, recipe: dict, corpus: Path) -> tuple[np.ndarray, str]:
+    """Target ids, most frequent first (ties: smaller id), and where the counts came from."""
+    V = target.args.vocab_size
+    store_dir = Path(recipe.get("work_dir", "")) / "features"
+    if recipe.get("work_dir") and store_dir.is_dir():
+        store = FeatureStore.open(store_dir)
+        s = recipe["settings"]
+        train_seqs, _ = trainer.split(len(store), s["held_out"], s["seed"])
+        counts, source = label_counts(store, train_seqs, V), f"training labels ({store_dir})"
+    else:
+        sources, _ = read_sources(corpus)
+        docs = [d for ds in sources.values() for d in ds]
+        counts = np.bincount(np.concatenate(docs), minlength=V)[:V]
+        source = f"the corpus's {sum(len(d) for d in docs):,} answer tokens ({corpus})"
+    return np.lexsort((np.arange(V), -counts)), source
+
+
+def resized(head: Eagle3Head, target, ranking: np.ndarray, size: int) -> Eagle3Head:
+    """A copy of ``head`` with ``size`` ids: the trained head's most frequent ones first (their
+    trained rows), then, past its own size, the most frequent others (the target's rows)."""
+    mine = np.array(head.to_draft_ids(mx.array(ranking)))  # -1 where the trained head lacks it
+    order = np.concatenate([ranking[mine >= 0], ranking[mine < 0]])
+    ids = np.sort(order[:size])
     out = Eagle3Head(dataclasses.replace(head.config, draft_vocab_size=len(ids)))
     out.load_weights([(k, v) for k, v in tree_flatten(head.parameters())
                       if not k.startswith("lm_head")], strict=False)
     rows = target_lm_head_rows(target, ids)
-    mine = np.array(head.to_draft_ids(mx.array(ids)))  # -1 where the trained head lacks the id
+    mine = np.array(head.to_draft_ids(mx.array(ids)))
     have = np.nonzero(mine >= 0)[0]
     rows[mx.array(have)] = head.lm_head.weight[mx.array(mine[have])]
     out.lm_head.weight = rows
@@ -86,10 +114,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo")
     ap.add_argument("--head", default=None, help="EAGLE-3 head dir (default: the one found for the model)")
-    ap.add_argument("--vocabs", default="4096,8192,16384,32768")
+    ap.add_argument("--vocabs", default="2048,4096,8192,16384")
     ap.add_argument("--budgets", default="4,8,16,adaptive")
-    ap.add_argument("--prompts", default=str(EVAL))
-    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--prompts", default=str(HELD_OUT))
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--corpus", default=str(CORPUS), help="token counts when no feature store")
+    ap.add_argument("--head-bits", type=int, default=None, help="8, 4 or 0 (float32); default: "
+                    "8 where the native kernels run, else float32 (as the eagle3 method)")
+    ap.add_argument("--no-lookup", action="store_true", help="the head alone, no prompt lookup")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -100,17 +132,22 @@ def main(argv=None) -> int:
         a.head = str(find_head(target, "eagle3"))
     _, head = load_head(a.head, target)
     recipe = json.loads((Path(a.head) / "recipe.json").read_text())
-    store = FeatureStore.open(Path(recipe["work_dir"]) / "features")
+    ranking, counted = label_ranking(head, target, recipe, Path(a.corpus))
     prompts = load_prompts(a.prompts, a.limit)
     curve = verify_cost_curve(target)
     vocabs = [int(v) for v in a.vocabs.split(",")]
     budgets = [b if b == "adaptive" else int(b) for b in a.budgets.split(",")]
-    heads = {v: resized(head, target, store, recipe, v) for v in vocabs}
+    bits = (8 if native_enabled() else 0) if a.head_bits is None else a.head_bits
+    heads = {}
+    for v in vocabs:
+        h = resized(head, target, ranking, v)
+        heads[v] = quantized_head(h, bits) if bits else h
 
     def drafter(v, b):
         return Eagle3Drafter(target, heads[v], curve if b == "adaptive" else None,
                              nodes=None if b == "adaptive" else b,
-                             max_nodes=32 if b == "adaptive" else max(32, b))
+                             max_nodes=32 if b == "adaptive" else max(32, b),
+                             lookup=None if a.no_lookup else PromptLookupDrafter())
 
     Engine(target).generate([{"role": "user", "content": prompts[0].text}], max_tokens=16)
     cells = [(v, b) for v in vocabs for b in budgets]
@@ -134,8 +171,9 @@ def main(argv=None) -> int:
     env = environment(target, max_tokens=a.max_tokens, num_prompts=len(prompts),
                       prompts_file=a.prompts)
     print(_header(env))
-    print(f"head {a.head} (trained draft vocabulary "
-          f"{head.config.draft_vocab_size}) · {len(prompts)} prompts × ≤{a.max_tokens} tokens, "
+    print(f"head {a.head} (trained draft vocabulary {head.config.draft_vocab_size}; "
+          f"{bits or 32}-bit; {'no lookup' if a.no_lookup else 'with lookup'}; ids ranked by "
+          f"{counted}) · {len(prompts)} prompts × ≤{a.max_tokens} tokens, "
           f"greedy · plain {base:.1f} tok/s · {time.perf_counter() - t0:.0f} s")
     print("| draft vocab | budget | draft ms/step | verify ms/step | τ | tok/s | speedup | exact |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
