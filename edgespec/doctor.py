@@ -18,7 +18,10 @@ share is the ratio of their medians, with each round's own share beside it.
 The compute floor: a forward over n tokens does n multiply-adds per weight it streams, so its
 products take at least n x (those weights) / (the multiply-adds per second the cores sustain in
 an FMA loop, measured by the native module's ``fma_peak``); a verify of n tokens can cost about
-what one costs only while that floor stays under the bandwidth floor of one token.
+what one costs only while that floor stays under the bandwidth floor of one token. The same loop
+on one thread alone, taking turns with all of them, says whether the cores really are separate
+at the moment: on the 2-core dev VMs the host sometimes runs both on one physical core (two
+loops side by side then get half a core each), which doubles the cost of many-row products.
 """
 
 from __future__ import annotations
@@ -127,12 +130,33 @@ def multiply_adds_per_token(target) -> int:
     return total
 
 
-def fma_rate() -> float | None:
-    """Multiply-adds per second the native kernels' threads sustain, or None without them."""
+_FMA_ROUNDS = 5
+
+
+def fma_rates() -> tuple[float, float, float] | None:
+    """Multiply-adds per second of the FMA loop on all the native kernels' threads together and
+    on one alone (the best of ``_FMA_ROUNDS`` rounds each, taking turns), and the median of the
+    rounds' all/one ratios; None without the native module. A ratio near 1 with two threads says
+    their cores share FMA units at the moment (an SMT pair, or a host that runs both virtual
+    cores on one physical one): products of many rows then cost up to twice as much."""
     from .kernels import native  # noqa: PLC0415
 
     mod = native.load()
-    return None if mod is None else mod.fma_peak(5)
+    if mod is None:
+        return None
+    both, one = [], []
+    for _ in range(_FMA_ROUNDS):
+        both.append(mod.fma_peak(1))
+        one.append(mod.fma_peak(1, all_threads=False))
+    return max(both), max(one), statistics.median(b / o for b, o in zip(both, one))
+
+
+def native_threads() -> int:
+    """Threads the native kernels split products over (1 without the module)."""
+    from .kernels import native  # noqa: PLC0415
+
+    mod = native.load()
+    return 1 if mod is None else mod.threads()
 
 
 def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
@@ -142,7 +166,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
     decode, bandwidths = decode_and_bandwidth(Engine(target))
     bandwidth, weight_bytes = statistics.median(bandwidths), streamed_bytes(target)
     shares = [t * weight_bytes / b for t, b in zip(decode, bandwidths)]
-    rate = fma_rate()
+    rates = fma_rates()
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -161,7 +185,10 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "huge_page_mb": (round(target.model.huge_page_bytes / 2**20, 1)
                          if huge_pages_wanted() else None),
         "bandwidth_share_rounds": [round(x, 3) for x in shares],
-        "fma_g_per_s": None if rate is None else round(rate / 1e9, 1),
+        "fma_g_per_s": None if rates is None else round(rates[0] / 1e9, 1),
+        "fma_one_thread_g_per_s": None if rates is None else round(rates[1] / 1e9, 1),
+        "fma_threads_ratio": None if rates is None else round(rates[2], 2),
+        "kernel_threads": native_threads(),
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
     }
 
@@ -200,4 +227,11 @@ def format_findings(f: dict) -> str:
             f"{8 * per:.1f} ms, 16 >= {16 * per:.1f} ms; against 1 token's bandwidth floor "
             f"({floor1:.1f} ms): 8/1 >= {max(1.0, 8 * per / floor1):.2f}x, "
             f"16/1 >= {max(1.0, 16 * per / floor1):.2f}x")
+        threads, ratio = f["kernel_threads"], f["fma_threads_ratio"]
+        shared = threads > 1 and ratio < 0.75 * threads
+        lines.append(
+            f"           one thread alone {f['fma_one_thread_g_per_s']:.0f} G; {threads} threads "
+            f"together {ratio:.2f}x that (median of {_FMA_ROUNDS} rounds)"
+            + (": their cores share FMA units now (an SMT pair, or a busy host), so forwards of "
+               "many tokens cost up to 2x more than the floor above" if shared else ""))
     return "\n".join(lines)

@@ -45,6 +45,15 @@ def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
         assert f"{mb} on huge pages" in text
     if f["fma_g_per_s"]:  # the native module is built (CI builds it)
         assert "G multiply-adds/s (FMA loop, all cores)" in text
+        assert f["fma_one_thread_g_per_s"] > 0 and f["fma_threads_ratio"] > 0
+        assert f"one thread alone {f['fma_one_thread_g_per_s']:.0f} G" in text
+        shared = f["kernel_threads"] > 1 and f["fma_threads_ratio"] < 0.75 * f["kernel_threads"]
+        assert ("share FMA units now" in text) == shared
+        # two threads at 1.0x one alone: shared cores, said; at 1.9x: separate ones, nothing said
+        assert "share FMA units now" in doctor.format_findings(
+            dict(f, kernel_threads=2, fma_threads_ratio=1.0))
+        assert "share FMA units now" not in doctor.format_findings(
+            dict(f, kernel_threads=2, fma_threads_ratio=1.9))
 
 
 def test_multiply_adds_per_token_counts_weights_not_bytes(tiny_models, tmp_path):
@@ -60,10 +69,12 @@ def test_multiply_adds_per_token_counts_weights_not_bytes(tiny_models, tmp_path)
     assert doctor.multiply_adds_per_token(q) == n  # 4-bit: as many weights, fewer bytes
 
 
-def test_fma_rate_is_a_plausible_speed():
-    rate = doctor.fma_rate()
-    if rate is not None:
-        assert 1e8 < rate < 1e13
+def test_fma_rates_are_plausible_speeds():
+    rates = doctor.fma_rates()
+    if rates is not None:
+        both, one, ratio = rates
+        assert 1e8 < one < 1e13 and 1e8 < both < 1e13
+        assert 0.3 < ratio < 2 * doctor.native_threads()
 
 
 def test_decoding_and_the_read_take_turns(monkeypatch):

@@ -68,8 +68,8 @@ NB_MODULE(_edgespec_native, m) {
   m.def("set_buffered_dequantization", &edgespec_native::set_buffered_dequantization, "on"_a,
         "Turns that on or off (tests and A/B timings).");
   m.def("threads", &edgespec_native::threads, "Threads the kernels split N over.");
-  m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5,
+  m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5, "all_threads"_a = true,
         "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "
-        "rounds): the compute ceiling.");
+        "rounds): the compute ceiling; all_threads=False: the calling thread alone.");
   m.attr("built_for_mlx") = EDGESPEC_MLX_VERSION;
 }

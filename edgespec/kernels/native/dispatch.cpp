@@ -135,16 +135,19 @@ void run_peak_chunk(void* ctx, int64_t) {
 
 }  // namespace
 
-double fma_peak(int rounds) {
+double fma_peak(int rounds, bool all_threads) {
   const std::string name = isa();
   PeakJob job;
   job.lanes = name == "avx512" ? 16 : name == "avx2" ? 8 : 1;
   job.iters = 200000;  // 2.4 M vector FMAs a chunk: about 1-2 ms on the dev VM
-  const int64_t chunks = 8 * threads();
+  const int64_t chunks = 8 * (all_threads ? threads() : 1);
   double best = 0.0;
   for (int r = 0; r < rounds; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    Pool::get().run(run_peak_chunk, &job, chunks);
+    if (all_threads)
+      Pool::get().run(run_peak_chunk, &job, chunks);
+    else
+      for (int64_t c = 0; c < chunks; ++c) run_peak_chunk(&job, c);  // the calling thread alone
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double rate = double(chunks) * job.iters * 12 * job.lanes / s;
     if (rate > best) best = rate;

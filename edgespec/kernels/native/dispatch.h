@@ -21,8 +21,9 @@ int threads();
 
 // Float multiply-adds per second that the pool's threads sustain together in the chosen ISA's
 // FMA loop (independent chains, no memory traffic): the compute ceiling of every kernel here.
-// The best of `rounds` runs of about 20 ms each.
-double fma_peak(int rounds);
+// The best of `rounds` runs of about 20 ms each. `all_threads` false: the calling thread alone
+// (beside the other, this shows whether the threads' cores share FMA units at the moment).
+double fma_peak(int rounds, bool all_threads = true);
 
 // y (M, N; row stride ldy) = x (M, K; row stride ldx) @ w (N, K; row stride ldw).T, N split
 // over the pool's threads when the product is big enough to pay for waking them.
