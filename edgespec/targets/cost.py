@@ -31,6 +31,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from tqdm import tqdm
 
 from ..loading.hub import cache_dir
 from ..tree import DraftTree
@@ -148,6 +149,9 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
     trees = [DraftTree(ids[context : context + n], [-1] + [(i - 1) // 2 for i in range(1, n)])
              for n in sizes]
     runs: list[list[float]] = [[] for _ in sizes]
+    # ~15 s for the demo model on a 2-core CPU, once per machine: a bar says what the wait is
+    bar = tqdm(total=len(sizes) * (1 + 2 * repeats), unit="forward", leave=False,
+               desc="measuring this machine's verify cost (once; cached)")
     for round_ in range(repeats + 1):
         for i, tree in enumerate(trees):
             for timed in (False, True) if round_ else (False,):  # round 0 is the warm-up
@@ -156,6 +160,8 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
                 mx.eval(out.logits)
                 if timed:
                     runs[i].append((time.perf_counter() - t) * 1e3)
+                bar.update()
+    bar.close()
     return CostCurve(tuple(sizes), monotone([statistics.median(r) for r in runs]))
 
 
