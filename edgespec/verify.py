@@ -53,7 +53,8 @@ def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.rando
     """Lossless: ``verify_greedy`` on the argmax (greedy ``cfg``) or ``verify_sampling`` on the
     filtered distributions of ``logits`` (N, V), padded to ``width`` columns when given.
 
-    Returns the outcome and, when sampling, the distributions ``p`` (N, width or V) it used.
+    Returns the outcome and, when sampling, the distributions ``p`` (N, width or V) it used:
+    on the host a :class:`RowProbs`, whose rows are computed as they are read.
     Where ``kernels.backend.metal_kernels`` runs the Metal kernels (a Mac's GPU, or emulation
     when asked), the walk runs in ``kernels/accept.py``'s kernels on the same inputs.
     """
@@ -63,13 +64,42 @@ def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.rando
         if mode != "off":
             return _accepted(tree, *accept_greedy(tree.parents, tree.tokens, argmax, mode)), None
         return verify_greedy(tree, np.array(argmax)), None
-    p = probs(np.array(logits.astype(mx.float32)), cfg)
-    if width and p.shape[1] < width:
-        p = np.pad(p, ((0, 0), (0, width - p.shape[1])))
-    if mode != "off":  # the same uniforms verify_sampling draws
+    if mode != "off":  # the kernels take every row; the same uniforms verify_sampling draws
+        p = _padded(probs(np.array(logits.astype(mx.float32)), cfg), width)
         return _accepted(tree, *accept_sampling(tree.parents, tree.tokens, p, tree.q,
                                                 rng.random(len(tree)), mode)), p
+    p = RowProbs(np.array(logits.astype(mx.float32)), cfg, width)
     return verify_sampling(tree, p, rng), p
+
+
+def _padded(p: np.ndarray, width: int | None) -> np.ndarray:
+    if width and p.shape[-1] < width:
+        pad = [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])]
+        return np.pad(p, pad)
+    return p
+
+
+class RowProbs:
+    """``probs(logits, cfg)`` (padded to ``width``), a row computed when it is first read.
+
+    The walk reads only the rows of the nodes it visits (the accepted path and the node after
+    it: about tau of a tree's N), and a row costs ~0.8 ms on the host for a 49k vocabulary
+    (float64), so a 6-node tree's step spent ~4.7 ms on rows it never read. Each row is
+    computed by ``probs`` on that row alone: the same numbers as in the whole array (a test
+    compares them)."""
+
+    def __init__(self, logits: np.ndarray, cfg: SamplingConfig, width: int | None = None):
+        self.logits, self.cfg, self.width = logits, cfg, width
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def __getitem__(self, u) -> np.ndarray:
+        u = int(u)
+        if u not in self._rows:
+            self._rows[u] = _padded(probs(self.logits[u : u + 1], self.cfg), self.width)[0]
+        return self._rows[u]
 
 
 def _accepted(tree: DraftTree, path: list[int], bonus: int) -> Accepted:

@@ -114,3 +114,41 @@ def test_greedy_walks_the_matching_branch():
     acc = verify_greedy(tree, argmax)
     assert acc.path == [0, 2, 4] and acc.tokens == [2, 4, 7] and acc.num_accepted == 2
     assert verify_greedy(tree, np.array([5, 0, 0, 0, 0])).tokens == [5]
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 7}, {"top_p": 0.8}, {"min_p": 0.05},
+                                     {"top_k": 50, "top_p": 0.9, "min_p": 0.01}])
+def test_row_probs_are_the_whole_arrays_rows(filters):
+    """``accept`` computes a row of p only when the walk reads it: each row equals the row of
+    ``probs`` over all of them, bit for bit, padded as asked; rows never read are never made."""
+    from edgespec.config import SamplingConfig
+    from edgespec.sampling import probs
+    from edgespec.verify import RowProbs
+
+    cfg = SamplingConfig(temperature=0.7, **filters)
+    logits = (np.random.default_rng(3).standard_normal((6, 1000)) * 4).astype(np.float32)
+    whole = probs(logits, cfg)
+    lazy = RowProbs(logits, cfg, width=1024)
+    assert len(lazy) == 6
+    for u in (4, 0, 4):
+        assert lazy[u].shape == (1024,) and np.array_equal(lazy[u][:1000], whole[u])
+        assert not lazy[u][1000:].any()
+    assert sorted(lazy._rows) == [0, 4]
+
+
+def test_the_engine_sampling_walk_reads_only_the_rows_it_visits(monkeypatch):
+    """On a chain of 5 drafts whose first is rejected for sure, the rule reads the root's row
+    only (the bonus comes from its residual)."""
+    import mlx.core as mx
+
+    from edgespec.config import SamplingConfig
+    from edgespec.verify import accept
+
+    monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "off")  # the host rule (kernels take every row)
+    logits = np.full((6, 10), -30.0, dtype=np.float32)
+    logits[:, 3] = 30.0  # every row: token 3 almost surely
+    tree = DraftTree.chain(3, [5, 5, 5, 5, 5])  # draft 5 has probability ~e-60
+    acc, p = accept(tree, mx.array(logits), SamplingConfig(temperature=1.0),
+                    np.random.default_rng(0))
+    assert acc.path == [0] and acc.tokens == [3]
+    assert sorted(p._rows) == [0]
