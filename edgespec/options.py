@@ -96,8 +96,9 @@ class Surface:
 
 
 _INTERACTIVE = Default(lambda given: interactive_method(given.get("draft"), head=given.get("head")),
-                       "'draft' with --draft, else 'eagle3' when the model has an EAGLE-3 head and the native CPU "
-                       "kernels run, else 'corpus' when it has one, else 'lookup'")
+                       "'draft' with --draft, else 'eagle3' when the model has an EAGLE-3 head "
+                       "and the native CPU kernels run, else 'corpus' when it has one, else "
+                       "'lookup'")
 _INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'eagle3' when the "
                                               "model has an EAGLE-3 head and the native CPU "
                                               "kernels run, else 'corpus' when it has one, else "
