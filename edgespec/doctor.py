@@ -133,12 +133,13 @@ def multiply_adds_per_token(target) -> int:
 _FMA_ROUNDS = 5
 
 
-def fma_rates() -> tuple[float, float, float] | None:
+def fma_rates() -> tuple[float, float, float, int] | None:
     """Multiply-adds per second of the FMA loop on all the native kernels' threads together and
-    on one alone (the best of ``_FMA_ROUNDS`` rounds each, taking turns), and the median of the
-    rounds' all/one ratios; None without the native module. A ratio near 1 with two threads says
-    their cores share FMA units at the moment (an SMT pair, or a host that runs both virtual
-    cores on one physical one): products of many rows then cost up to twice as much."""
+    on one alone (the best of ``_FMA_ROUNDS`` rounds each, taking turns), the median of the
+    rounds' all/one ratios, and how many threads that is; None without the native module. A
+    ratio near 1 with two threads says their cores share FMA units at the moment (an SMT pair,
+    or a host that runs both virtual cores on one physical one): products of many rows then
+    cost up to twice as much."""
     from .kernels import native  # noqa: PLC0415
 
     mod = native.load()
@@ -148,15 +149,8 @@ def fma_rates() -> tuple[float, float, float] | None:
     for _ in range(_FMA_ROUNDS):
         both.append(mod.fma_peak(1))
         one.append(mod.fma_peak(1, all_threads=False))
-    return max(both), max(one), statistics.median(b / o for b, o in zip(both, one))
-
-
-def native_threads() -> int:
-    """Threads the native kernels split products over (1 without the module)."""
-    from .kernels import native  # noqa: PLC0415
-
-    mod = native.load()
-    return 1 if mod is None else mod.threads()
+    return (max(both), max(one), statistics.median(b / o for b, o in zip(both, one)),
+            mod.threads())
 
 
 def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
@@ -188,7 +182,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "fma_g_per_s": None if rates is None else round(rates[0] / 1e9, 1),
         "fma_one_thread_g_per_s": None if rates is None else round(rates[1] / 1e9, 1),
         "fma_threads_ratio": None if rates is None else round(rates[2], 2),
-        "kernel_threads": native_threads(),
+        "kernel_threads": None if rates is None else rates[3],
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
     }
 

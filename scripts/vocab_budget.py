@@ -63,7 +63,7 @@ HELD_OUT = ROOT / "data" / "SmolLM2-135M-Instruct" / "heldout-questions.jsonl"
 CORPUS = ROOT / "models" / "SmolLM2-135M-Instruct" / "corpus"
 
 
-def label_ranking(head: Eagle3Head, target, recipe: dict, corpus: Path) -> tuple[np.ndarray, str]:
+def label_ranking(target, recipe: dict, corpus: Path) -> tuple[np.ndarray, str]:
     """Target ids, most frequent first (ties: smaller id), and where the counts came from."""
     V = target.args.vocab_size
     store_dir = Path(recipe.get("work_dir", "")) / "features"
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         a.head = str(find_head(target, "eagle3"))
     _, head = load_head(a.head, target)
     recipe = json.loads((Path(a.head) / "recipe.json").read_text())
-    ranking, counted = label_ranking(head, target, recipe, Path(a.corpus))
+    ranking, counted = label_ranking(target, recipe, Path(a.corpus))
     prompts = load_prompts(a.prompts, a.limit)
     curve = verify_cost_curve(target)
     vocabs = [int(v) for v in a.vocabs.split(",")]
