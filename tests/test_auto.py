@@ -8,6 +8,7 @@ from edgespec.drafters.auto import AutoDrafter
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.drafters.lookup import PromptLookupDrafter
+from edgespec.targets.cost import CostCurve
 from edgespec.tree import DraftTree
 
 PROMPT = "the cat sat on the mat and the cat sat on the"
@@ -172,7 +173,7 @@ def test_auto_retires_an_arm_far_behind_on_every_pull(target):
     clock = FakeClock()
     garbage = Counting(Garbage(), clock, 20)
     auto = AutoDrafter({"none": None, "garbage": garbage}, clock=clock, retry=2, max_wait=8,
-                       retire=3)
+                       retire=3, evidence=3)
     eng = Engine(target, auto)
     first = eng.generate(PROMPT, max_tokens=80)
     assert first.token_ids == Engine(target).generate(PROMPT, max_tokens=80).token_ids
@@ -219,3 +220,90 @@ def test_auto_keeps_an_arm_that_is_only_sometimes_behind(target):
                        retire=3)
     Engine(target, auto).generate(PROMPT, max_tokens=120)
     assert not auto.retired
+
+
+class Seer(Drafter):
+    """Proposes the next 3 tokens of a known continuation (all accepted), at ``cost`` time
+    units, except its proposals ``start`` .. ``start + n - 1``: wrong tokens (none accepted),
+    at ``slow`` units."""
+
+    name = "seer"
+
+    def __init__(self, continuation, clock, cost=1.0, slow=0.5, start=-1, n=0):
+        self.continuation, self.clock, self.cost, self.slow = continuation, clock, cost, slow
+        self.start, self.n, self.asked = start, n, 0
+
+    def reset(self):
+        self.history, self.prompt_len = [], 0
+
+    def prefill(self, tokens, target_out, sampling=None):
+        self.history, self.prompt_len = list(tokens), len(tokens)
+
+    def propose(self, budget):
+        wrong = self.start <= self.asked < self.start + self.n
+        self.asked += 1
+        self.clock.t += self.slow if wrong else self.cost
+        done = len(self.history) - self.prompt_len
+        guess = [t + 1 for t in self.continuation[done:]] if wrong else self.continuation[done:]
+        return DraftTree.chain(self.history[-1], guess[: min(3, budget)])
+
+    def update(self, accepted, tree, target_out):
+        self.history.extend(accepted.tokens)
+
+
+def test_auto_keeps_the_best_arm_through_a_run_of_rejected_steps(target):
+    """A drafter committing 4 tokens in 2 units (plain decoding: 1 in 1) proposes wrong tokens
+    ``retire`` times in a row, each step 1 token in 1.5 units: under the margin of plain
+    decoding's rate, step by step, but its value (decayed over its steps) stays far ahead, so
+    it is not retired (it was, when each step's own rate was compared)."""
+    plain = Engine(target).generate(PROMPT, max_tokens=120).token_ids
+    clock = FakeClock()
+    seer = Seer(plain, clock, cost=1.0, slow=0.5, start=8, n=3)
+    auto = AutoDrafter({"none": None, "seer": seer}, clock=clock, retire=3)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=120)
+    assert res.token_ids == plain
+    assert seer.asked > 11  # the wrong run happened, and the seer was taken after it
+    assert not auto.retired and auto.value["seer"] > auto.value["none"]
+
+
+def test_auto_with_a_cost_curve_times_plain_decoding_from_the_drafters_steps(target):
+    """With the verify-cost curve, every drafter step stands in for a plain one (its forward's
+    time x the curve's 1-node / n-node cost), so while a drafter leads, plain decoding is not
+    retried (without the curve it is, every ``retry`` steps); a drafter that does not pay still
+    loses to it."""
+    plain = Engine(target).generate(PROMPT, max_tokens=120).token_ids
+    flat = CostCurve((1, 16), (1.0, 1.0))  # the fake clock's forward: 1 unit whatever the size
+    for curve in (None, flat):
+        clock = FakeClock()
+        auto = AutoDrafter({"none": None, "seer": Seer(plain, clock, cost=1.0)}, clock=clock,
+                           curve=curve)
+        res = Engine(target, auto).generate(PROMPT, max_tokens=120)
+        assert res.token_ids == plain
+        if curve is None:
+            assert auto.pulls["none"] >= 3
+        else:
+            assert auto.pulls["none"] == 1  # its first step, before any estimate
+            assert abs(auto.value["none"] - 1.0) < 0.02  # 1 token a unit, as the curve says
+    clock = FakeClock()
+    auto = AutoDrafter({"none": None, "garbage": Costly(Garbage(), clock, 5)}, clock=clock,
+                       curve=flat)
+    res = Engine(target, auto).generate(PROMPT, max_tokens=60)
+    assert res.token_ids == plain[:60]
+    assert auto.pulls["none"] > 4 * auto.pulls["garbage"]
+
+
+def test_auto_does_not_retire_a_drafter_on_its_first_pulls(target):
+    """A drafter that pays, whose first ``retire`` + 1 steps were each far behind (step and
+    value alike), is not retired before ``evidence`` pulls: it is retried and ends preferred.
+    With the evidence of its first pulls alone it would be retired."""
+    plain = Engine(target).generate(PROMPT, max_tokens=160).token_ids
+    for evidence, retired in ((12, False), (1, True)):
+        clock = FakeClock()
+        oracle = DraftModelDrafter(target, SamplingConfig(), num_draft=3, adaptive=False)
+        auto = AutoDrafter({"none": None, "oracle": Unlucky(oracle, clock, 20, bad=5)},
+                           clock=clock, retry=2, max_wait=4, evidence=evidence)
+        res = Engine(target, auto).generate(PROMPT, max_tokens=160)
+        assert res.token_ids == plain
+        assert ("oracle" in auto.retired) == retired
+        if not retired:
+            assert auto.value["oracle"] > auto.value["none"]

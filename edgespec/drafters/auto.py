@@ -10,9 +10,9 @@ Each arm is tried first, then the best is taken. An arm not taken for ``retry`` 
 once more, since its value is stale and a few unlucky steps would otherwise shut out a drafter
 that pays; an arm far behind the best (under ``margin`` of its value) waits twice as long
 before each further retry, up to ``max_wait`` steps, so a drafter that does not pay costs at
-most about one step in ``max_wait``. An arm whose own step was far behind the best other
-(unretired) arm on ``retire`` pulls in a row (with the waits doubling, some 30 steps of
-evidence by default) is retired for the engine's life: it is
+most about one step in ``max_wait``. An arm whose step and value were both far behind the best
+other (unretired) arm's value on ``retire`` pulls in a row, once it has had ``evidence`` pulls
+(with the waits doubling, some 300 steps by default), is retired for the engine's life: it is
 neither taken nor kept in step any more, and from the next request on its needs (EAGLE-3's
 target features, its prefill over the prompt) cost nothing (the demo model's EAGLE-3 arm,
 never taken, still cost auto ~7% through them: 1.07x against 1.15x without it, 8 MT-bench
@@ -27,6 +27,16 @@ to that arm outside the bandit: it neither counts as a pull nor moves any value,
 decides only the steps where the evidence is weak (a 1- or 2-token match, estimated at about
 1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.
 
+Plain decoding's value needs no pulls of its own while a drafter runs: it commits one token a
+step, and what a step of it costs follows from any drafter's step, whose forward over n nodes
+was timed: that time x ``curve.ms(1) / curve.ms(n)`` (this device's verify-cost curve, so the
+machine's speed now, not when the curve was measured, sets the figure). Each such step adds
+that estimate to the plain arm's evidence, so the plain arm is neither stale nor retried while
+a drafter leads, and is chosen as soon as the drafters fall behind it (then its own steps are
+timed). Without a curve the plain arm is retried like any other (before stop 30, with a head
+for the demo model, ~19% of auto's steps went to plain retries: eagle3's lead over plain,
+~1.4x, was inside the retry margin).
+
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history; the target's output goes to every arm, and ``auto`` declares the
 union of its arms' ``target_features`` / ``wants_hidden``, so an EAGLE-3 arm learns the true
@@ -39,6 +49,7 @@ from __future__ import annotations
 import time
 
 from ..config import SamplingConfig
+from ..targets.cost import CostCurve
 from ..targets.target import TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
@@ -52,11 +63,11 @@ class AutoDrafter(Drafter):
 
     def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
                  max_wait: int = 32, margin: float = 0.75, retire: int = 4,
-                 clock=time.perf_counter):
+                 evidence: int = 12, clock=time.perf_counter, curve: CostCurve | None = None):
         assert PLAIN in arms, "auto needs the plain arm to fall back to"
-        self.arms = arms
+        self.arms, self.curve = arms, curve
         self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
-        self.retire = retire
+        self.retire, self.evidence = retire, evidence
         self.retired: set[str] = set()
         self.behind = {name: 0 for name in arms}  # pulls in a row far behind the best
         self.clock = clock
@@ -83,7 +94,7 @@ class AutoDrafter(Drafter):
 
     def reset(self) -> None:
         self.history: list[int] = []
-        self.current, self.started, self.sure = PLAIN, 0.0, False
+        self.current, self.started, self.drafted, self.sure = PLAIN, 0.0, 0.0, False
         for arm in self.arms.values():
             if arm is not None:
                 arm.reset()
@@ -113,13 +124,18 @@ class AutoDrafter(Drafter):
             self.sure_steps[self.current] += 1
         self.started = self.clock()
         arm = self.arms[self.current]
-        if arm is None or budget <= 0:
-            return DraftTree.chain(self.history[-1], [])
-        return arm.propose(budget)
+        tree = (DraftTree.chain(self.history[-1], []) if arm is None or budget <= 0
+                else arm.propose(budget))
+        if self.curve is not None:  # when it runs, the forward is timed from here
+            self.drafted = self.clock()
+        return tree
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
+        now = self.clock()
         if not self.sure:
-            self._learn(len(accepted.tokens), max(self.clock() - self.started, 1e-9))
+            self._learn(len(accepted.tokens), max(now - self.started, 1e-9))
+        if self.current != PLAIN and self.curve is not None:
+            self._plain_from(tree.num_drafted + 1, max(now - self.drafted, 1e-9))
         empty = DraftTree.chain(tree.tokens[0], [])
         for name, arm in self.arms.items():
             if arm is not None and name not in self.retired:
@@ -140,15 +156,34 @@ class AutoDrafter(Drafter):
         best = max(v for v in self.value.values() if v is not None)
         behind = self.value[self.current] < self.margin * best
         self.wait[self.current] = min(2 * self.wait[self.current], self.max_wait) if behind else self.retry
-        # retiring looks at this step's own rate against the best OTHER arm (what would run
-        # instead): one good step clears an unlucky start, and the best arm's slower steps,
-        # still ahead of every alternative, do not count against it
+        # a pull counts towards retiring when both this step's rate and the arm's value (its
+        # decayed rate) are far behind the best OTHER arm's value (what would run instead; the
+        # best value, its own included, let the best arm's ordinary 1-token steps retire it,
+        # stop 22). One good step clears an unlucky start. The value keeps a drafter far ahead
+        # on average: with the step's rate alone (stop 22 to 29) it met, over hundreds of
+        # steps, some run of `retire` rejected steps, each a token in a step dearer than plain
+        # decoding's, and was retired for good (eagle3 and the corpus both, 12 held-out
+        # questions, a slow hour of the AMD VM)
         others = [v for n, v in self.value.items()
                   if v is not None and n != self.current and n not in self.retired]
-        now_behind = bool(others) and committed / elapsed < self.margin * max(others)
+        bar = self.margin * max(others) if others else 0.0
+        now_behind = committed / elapsed < bar and self.value[self.current] < bar
         self.behind[self.current] = self.behind[self.current] + 1 if now_behind else 0
-        if self.current != PLAIN and self.behind[self.current] >= self.retire:
+        if (self.current != PLAIN and self.behind[self.current] >= self.retire
+                and self.pulls[self.current] >= self.evidence):
             self.retired.add(self.current)
+
+    def _plain_from(self, rows: int, forward: float) -> None:
+        """Credit the plain arm with one token for the time a plain step would have taken now:
+        ``forward`` (seconds from the proposal to this update, over ``rows`` nodes) scaled by
+        the curve's 1-node / ``rows``-node cost."""
+        if self.curve is None:
+            return
+        tokens, seconds = self.sums[PLAIN]
+        tokens, seconds = tokens + 1, seconds + forward * self.curve.ms(1) / self.curve.ms(rows)
+        self.sums[PLAIN] = (tokens, seconds)
+        self.value[PLAIN] = tokens / seconds
+        self.idle[PLAIN] = 0
 
     def report(self) -> dict:
         """Per arm: bandit steps, steps taken on its confidence, decayed tokens/s, retired."""

@@ -37,7 +37,8 @@ it copies. Such a step drafts lookup's branch alone, at no head cost: the step's
 ``pending`` like another drafter's, and go through the head in one forward when it next drafts.
 (Joining the branch to the head's tree in one verification was measured too, on training-style
 prompts: a higher tau, less speed; ``docs/architecture.md``, stop 28.) ``auto``'s EAGLE-3 arm
-runs without it: auto's lookup (or corpus) arm takes such steps itself.
+has it too: while auto's lookup (or corpus) arm is in play, that arm is sure first and takes
+such steps; once it is retired, the EAGLE-3 arm takes them (until stop 30 they were lost then).
 
 With prefix reuse the engine scores only the prompt's tail; the drafter keeps the pairs and
 fused features it had for the shared prefix, and otherwise starts its cache at the first

@@ -147,9 +147,10 @@ def _quantized(spec, target, sampling, draft):
                             spec.adaptive)
 
 
-def _eagle3(spec, target, sampling, draft, *, with_lookup: bool = True):
-    """The EAGLE-3 drafter, with prompt lookup drafting the steps its match is sure of (not
-    as ``auto``'s arm: auto's lookup or corpus arm takes those steps)."""
+def _eagle3(spec, target, sampling, draft):
+    """The EAGLE-3 drafter, with prompt lookup drafting the steps its match is sure of (as
+    ``auto``'s arm too: auto's lookup or corpus arm, confident first, takes those steps while
+    it is in play; after it is retired the EAGLE-3 arm takes them)."""
     from ..targets.cost import verify_cost_curve
     from .eagle3 import Eagle3Drafter
     from .lookup import PromptLookupDrafter
@@ -158,11 +159,7 @@ def _eagle3(spec, target, sampling, draft, *, with_lookup: bool = True):
     head = _head_in_bits(target, head, spec.head_bits)
     return Eagle3Drafter(target, head, verify_cost_curve(target) if spec.adaptive else None,
                          nodes=None if spec.adaptive else spec.num_draft, max_nodes=spec.max_draft,
-                         lookup=PromptLookupDrafter() if with_lookup else None)
-
-
-def _eagle3_arm(spec, target, sampling, draft):
-    return _eagle3(spec, target, sampling, draft, with_lookup=False)
+                         lookup=PromptLookupDrafter())
 
 
 _quantized_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -307,7 +304,10 @@ def heads_for(target, head: str | None = None) -> frozenset[str]:
 def _auto(spec, target, sampling, draft):
     """A bandit over the arms below that can run here (a draft-model arm only with a draft, an
     EAGLE-3 arm or a corpus arm only with a head or corpus for the target). A corpus arm
-    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain."""
+    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain. With
+    ``adaptive`` (the default) the verify-cost curve lets the drafters' steps stand in for
+    plain decoding's (see ``AutoDrafter``)."""
+    from ..targets.cost import verify_cost_curve
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
@@ -315,7 +315,8 @@ def _auto(spec, target, sampling, draft):
     names = [m.name for m in METHODS if m.arm is not None and m.available(given, heads)]
     if "corpus" in names:
         names.remove("lookup")
-    return AutoDrafter({n: get(n).arm(spec, target, sampling, draft) for n in names})
+    return AutoDrafter({n: get(n).arm(spec, target, sampling, draft) for n in names},
+                       curve=verify_cost_curve(target) if spec.adaptive else None)
 
 
 # -- the registry: its order is the order every surface lists methods in (and auto's arms) ------
@@ -339,7 +340,7 @@ METHODS: tuple[Method, ...] = (
            _cascade, reads=("draft", *_LENGTH), needs_draft=True),
     Method("eagle3", "EAGLE-3: a trained head drafts a dynamic tree from the target's features "
            "(prompt lookup drafts the steps it is sure of)",
-           _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3_arm),
+           _eagle3, reads=("head", "head_bits", *_LENGTH), needs_head=True, arm=_eagle3),
     Method("medusa", "Medusa: trained heads guess the next tokens from the last hidden state",
            _medusa, reads=("head", *_LENGTH), needs_head=True),
     Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "
