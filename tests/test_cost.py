@@ -129,3 +129,16 @@ def test_measured_in_interleaved_rounds_and_never_cheaper_for_more_nodes(target)
     assert seen == [1, 2, 4] + [1, 1, 2, 2, 4, 4] * 2  # a warm-up round, then two of pairs
     assert curve.times[0] <= curve.times[1] <= curve.times[2] < 40.0
     assert cost.monotone([38.0, 18.0, 20.0, 19.0, 21.0, 30.0]) == (18.0, 18.0, 19.0, 19.0, 21.0, 30.0)
+
+
+def test_a_measurement_reports_its_progress_as_lines_within_reporting(target):
+    """Besides its tqdm bar (stderr, which the chat's screen hides), a measurement inside
+    ``reporting`` calls the given function after every forward; outside it, nothing is called."""
+    lines = []
+    with cost.reporting(lines.append):
+        measure_cost_curve(target, sizes=(1, 2, 4), context=16, repeats=1)
+    total = 3 * (1 + 2 * 1)
+    assert len(lines) == total and lines[-1].endswith(f"{total}/{total} forwards")
+    assert "verify cost" in lines[0] and lines[0].endswith(f"1/{total} forwards")
+    measure_cost_curve(target, sizes=(1, 2), context=16, repeats=1)
+    assert len(lines) == total

@@ -404,3 +404,24 @@ def test_demo_model_chat():
         assert app.session.messages == [] and not app.query(AnswerView)
 
     drive(app, body, size=(110, 32))
+
+
+def test_loading_says_how_far_the_verify_cost_measurement_is(tiny, tmp_path, monkeypatch):
+    """The first method that sizes its trees by this machine's cost curve measures it once
+    (seconds for the demo model); the chat's loading panel gets its progress as status lines
+    (its tqdm bar goes to stderr, which the chat's screen hides). Read from the cache after."""
+    from edgespec.targets import cost
+
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost, "_memo", {})
+    lines = []
+    open_session(tiny, spec=SpecConfig(method="auto"), sampling=SamplingConfig(),
+                 generation=GenerationConfig(max_tokens=8), status=lines.append)
+    measuring = [line for line in lines if "verify cost" in line]
+    total = len(cost.SIZES) * 11
+    assert measuring and measuring[-1].endswith(f"{total}/{total} forwards")
+    lines.clear()
+    monkeypatch.setattr(cost, "_memo", {})
+    open_session(tiny, spec=SpecConfig(method="auto"), sampling=SamplingConfig(),
+                 generation=GenerationConfig(max_tokens=8), status=lines.append)
+    assert not [line for line in lines if "verify cost" in line]

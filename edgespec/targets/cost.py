@@ -25,6 +25,9 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -40,6 +43,20 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # nodes scored per measured 
 CONTEXT = 128
 MAX_NODES = 64
 _memo: dict[str, CostCurve] = {}
+# where a measurement also reports its progress, as lines (besides its tqdm bar on stderr):
+# set by ``reporting`` around building a drafter, e.g. by the chat, whose screen hides stderr
+_report: ContextVar[Callable[[str], None] | None] = ContextVar("cost_report", default=None)
+
+
+@contextmanager
+def reporting(line: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, a verify-cost measurement also calls ``line`` with its progress
+    ("measuring ... 12/132 forwards") after each forward (this context, this thread)."""
+    token = _report.set(line)
+    try:
+        yield
+    finally:
+        _report.reset(token)
 
 
 @dataclass(frozen=True)
@@ -150,8 +167,9 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
              for n in sizes]
     runs: list[list[float]] = [[] for _ in sizes]
     # ~15 s for the demo model on a 2-core CPU, once per machine: a bar says what the wait is
-    bar = tqdm(total=len(sizes) * (1 + 2 * repeats), unit="forward", leave=False,
-               desc="measuring this machine's verify cost (once; cached)")
+    total, report = len(sizes) * (1 + 2 * repeats), _report.get()
+    desc = "measuring this machine's verify cost (once; cached)"
+    bar = tqdm(total=total, unit="forward", leave=False, desc=desc)
     for round_ in range(repeats + 1):
         for i, tree in enumerate(trees):
             for timed in (False, True) if round_ else (False,):  # round 0 is the warm-up
@@ -161,6 +179,8 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
                 if timed:
                     runs[i].append((time.perf_counter() - t) * 1e3)
                 bar.update()
+                if report is not None:
+                    report(f"{desc}: {bar.n}/{total} forwards")
     bar.close()
     return CostCurve(tuple(sizes), monotone([statistics.median(r) for r in runs]))
 

@@ -42,6 +42,7 @@ from ..options import method_for_model, spec_for
 from ..stats import Stats
 from ..stream_text import Segment
 from ..targets import Target, load
+from ..targets.cost import reporting
 
 _MIN_PLAIN_TOKENS = 16  # a plain turn shorter than this gives no usable rate
 _MEASURE_PROMPT = [{"role": "user", "content": "Write two sentences about the sea."}]
@@ -130,8 +131,9 @@ class ChatSession:
                 status(f"loading draft model {self.spec.draft}…")
                 self._draft = load_draft(self.spec.draft, self.target)
             spec = spec_for(method, dataclasses.asdict(self.spec))
-            self.engine.drafter = make_drafter(spec, self.target, self.sampling,
-                                               draft=self._draft if uses_draft else None)
+            with reporting(status):  # the verify-cost curve's first measurement, if it comes
+                self.engine.drafter = make_drafter(spec, self.target, self.sampling,
+                                                   draft=self._draft if uses_draft else None)
         except Exception:
             self.method = self._built  # keep the session usable with the previous method
             raise
