@@ -8,7 +8,6 @@ from edgespec.drafters.auto import AutoDrafter
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.drafters.lookup import PromptLookupDrafter
-from edgespec.targets.cost import CostCurve
 from edgespec.tree import DraftTree
 
 PROMPT = "the cat sat on the mat and the cat sat on the"
@@ -264,32 +263,6 @@ def test_auto_keeps_the_best_arm_through_a_run_of_rejected_steps(target):
     assert res.token_ids == plain
     assert seer.asked > 11  # the wrong run happened, and the seer was taken after it
     assert not auto.retired and auto.value["seer"] > auto.value["none"]
-
-
-def test_auto_with_a_cost_curve_times_plain_decoding_from_the_drafters_steps(target):
-    """With the verify-cost curve, every drafter step stands in for a plain one (its forward's
-    time x the curve's 1-node / n-node cost), so while a drafter leads, plain decoding is not
-    retried (without the curve it is, every ``retry`` steps); a drafter that does not pay still
-    loses to it."""
-    plain = Engine(target).generate(PROMPT, max_tokens=120).token_ids
-    flat = CostCurve((1, 16), (1.0, 1.0))  # the fake clock's forward: 1 unit whatever the size
-    for curve in (None, flat):
-        clock = FakeClock()
-        auto = AutoDrafter({"none": None, "seer": Seer(plain, clock, cost=1.0)}, clock=clock,
-                           curve=curve)
-        res = Engine(target, auto).generate(PROMPT, max_tokens=120)
-        assert res.token_ids == plain
-        if curve is None:
-            assert auto.pulls["none"] >= 3
-        else:
-            assert auto.pulls["none"] == 1  # its first step, before any estimate
-            assert abs(auto.value["none"] - 1.0) < 0.02  # 1 token a unit, as the curve says
-    clock = FakeClock()
-    auto = AutoDrafter({"none": None, "garbage": Costly(Garbage(), clock, 5)}, clock=clock,
-                       curve=flat)
-    res = Engine(target, auto).generate(PROMPT, max_tokens=60)
-    assert res.token_ids == plain[:60]
-    assert auto.pulls["none"] > 4 * auto.pulls["garbage"]
 
 
 def test_auto_does_not_retire_a_drafter_on_its_first_pulls(target):

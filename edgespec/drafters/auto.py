@@ -27,16 +27,6 @@ to that arm outside the bandit: it neither counts as a pull nor moves any value,
 decides only the steps where the evidence is weak (a 1- or 2-token match, estimated at about
 1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.
 
-Plain decoding's value needs no pulls of its own while a drafter runs: it commits one token a
-step, and what a step of it costs follows from any drafter's step, whose forward over n nodes
-was timed: that time x ``curve.ms(1) / curve.ms(n)`` (this device's verify-cost curve, so the
-machine's speed now, not when the curve was measured, sets the figure). Each such step adds
-that estimate to the plain arm's evidence, so the plain arm is neither stale nor retried while
-a drafter leads, and is chosen as soon as the drafters fall behind it (then its own steps are
-timed). Without a curve the plain arm is retried like any other (before stop 30, with a head
-for the demo model, ~19% of auto's steps went to plain retries: eagle3's lead over plain,
-~1.4x, was inside the retry margin).
-
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history; the target's output goes to every arm, and ``auto`` declares the
 union of its arms' ``target_features`` / ``wants_hidden``, so an EAGLE-3 arm learns the true
@@ -49,7 +39,6 @@ from __future__ import annotations
 import time
 
 from ..config import SamplingConfig
-from ..targets.cost import CostCurve
 from ..targets.target import TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
@@ -63,9 +52,9 @@ class AutoDrafter(Drafter):
 
     def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
                  max_wait: int = 32, margin: float = 0.75, retire: int = 4,
-                 evidence: int = 12, clock=time.perf_counter, curve: CostCurve | None = None):
+                 evidence: int = 12, clock=time.perf_counter):
         assert PLAIN in arms, "auto needs the plain arm to fall back to"
-        self.arms, self.curve = arms, curve
+        self.arms = arms
         self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
         self.retire, self.evidence = retire, evidence
         self.retired: set[str] = set()
@@ -94,7 +83,7 @@ class AutoDrafter(Drafter):
 
     def reset(self) -> None:
         self.history: list[int] = []
-        self.current, self.started, self.drafted, self.sure = PLAIN, 0.0, 0.0, False
+        self.current, self.started, self.sure = PLAIN, 0.0, False
         for arm in self.arms.values():
             if arm is not None:
                 arm.reset()
@@ -124,18 +113,13 @@ class AutoDrafter(Drafter):
             self.sure_steps[self.current] += 1
         self.started = self.clock()
         arm = self.arms[self.current]
-        tree = (DraftTree.chain(self.history[-1], []) if arm is None or budget <= 0
-                else arm.propose(budget))
-        if self.curve is not None:  # when it runs, the forward is timed from here
-            self.drafted = self.clock()
-        return tree
+        if arm is None or budget <= 0:
+            return DraftTree.chain(self.history[-1], [])
+        return arm.propose(budget)
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
-        now = self.clock()
         if not self.sure:
-            self._learn(len(accepted.tokens), max(now - self.started, 1e-9))
-        if self.current != PLAIN and self.curve is not None:
-            self._plain_from(tree.num_drafted + 1, max(now - self.drafted, 1e-9))
+            self._learn(len(accepted.tokens), max(self.clock() - self.started, 1e-9))
         empty = DraftTree.chain(tree.tokens[0], [])
         for name, arm in self.arms.items():
             if arm is not None and name not in self.retired:
@@ -172,18 +156,6 @@ class AutoDrafter(Drafter):
         if (self.current != PLAIN and self.behind[self.current] >= self.retire
                 and self.pulls[self.current] >= self.evidence):
             self.retired.add(self.current)
-
-    def _plain_from(self, rows: int, forward: float) -> None:
-        """Credit the plain arm with one token for the time a plain step would have taken now:
-        ``forward`` (seconds from the proposal to this update, over ``rows`` nodes) scaled by
-        the curve's 1-node / ``rows``-node cost."""
-        if self.curve is None:
-            return
-        tokens, seconds = self.sums[PLAIN]
-        tokens, seconds = tokens + 1, seconds + forward * self.curve.ms(1) / self.curve.ms(rows)
-        self.sums[PLAIN] = (tokens, seconds)
-        self.value[PLAIN] = tokens / seconds
-        self.idle[PLAIN] = 0
 
     def report(self) -> dict:
         """Per arm: bandit steps, steps taken on its confidence, decayed tokens/s, retired."""

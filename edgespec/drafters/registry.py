@@ -304,10 +304,7 @@ def heads_for(target, head: str | None = None) -> frozenset[str]:
 def _auto(spec, target, sampling, draft):
     """A bandit over the arms below that can run here (a draft-model arm only with a draft, an
     EAGLE-3 arm or a corpus arm only with a head or corpus for the target). A corpus arm
-    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain. With
-    ``adaptive`` (the default) the verify-cost curve lets the drafters' steps stand in for
-    plain decoding's (see ``AutoDrafter``)."""
-    from ..targets.cost import verify_cost_curve
+    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain."""
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
@@ -315,8 +312,7 @@ def _auto(spec, target, sampling, draft):
     names = [m.name for m in METHODS if m.arm is not None and m.available(given, heads)]
     if "corpus" in names:
         names.remove("lookup")
-    return AutoDrafter({n: get(n).arm(spec, target, sampling, draft) for n in names},
-                       curve=verify_cost_curve(target) if spec.adaptive else None)
+    return AutoDrafter({n: get(n).arm(spec, target, sampling, draft) for n in names})
 
 
 # -- the registry: its order is the order every surface lists methods in (and auto's arms) ------
