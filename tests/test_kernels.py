@@ -224,6 +224,43 @@ def test_turned_off_is_silent(monkeypatch):
         native.reset()
 
 
+def test_stale_means_other_sources_not_newer_files(tmp_path):
+    """A module is stale when the sources' bytes differ from those its build stamped, not when
+    a source file is merely newer (a checkout restoring identical sources); a module without
+    a stamp (built before builds stamped) still goes by time."""
+    src, build = tmp_path / "src", tmp_path / "build"
+    src.mkdir()
+    build.mkdir()
+    (src / "k.cpp").write_text("int f() { return 1; }\n")
+    (src / "notes.md").write_text("not a source")
+    module = build / "mod.so"
+    module.write_bytes(b"")
+    old = src.stat().st_mtime - 100
+    os.utime(module, (old, old))  # older than every source
+    assert native.is_stale(module, src)  # no stamp: by time
+    # the build's POST_BUILD step, as CMakeLists.txt runs it
+    subprocess.run([sys.executable, str(Path(native.__file__).with_name("stamp.py")), str(src),
+                    str(build / "sources.sha256")], check=True)
+    assert (build / "sources.sha256").read_text().strip() == native.digest_of(src)
+    assert not native.is_stale(module, src)  # same bytes, newer files: fresh
+    (src / "notes.md").write_text("edited, but not a source")
+    assert not native.is_stale(module, src)
+    (src / "k.cpp").write_text("int f() { return 2; }\n")
+    assert native.is_stale(module, src)
+    (src / "k.cpp").write_text("int f() { return 1; }\n")  # restored
+    assert not native.is_stale(module, src)
+    (src / "new.h").write_text("#pragma once\n")
+    assert native.is_stale(module, src)
+
+
+def test_the_built_module_carries_its_sources_stamp(mod):
+    """setup.sh's build leaves the stamp, and it names the sources in the tree now."""
+    stamp = Path(native.status().path).with_name("sources.sha256")
+    if native.build_dir() != native.SOURCE_DIR / "build":
+        pytest.skip("the module comes from EDGESPEC_NATIVE_DIR")
+    assert stamp.read_text().strip() == native.source_digest()
+
+
 _GENERATE = """
 import warnings, edgespec
 from edgespec.targets import load_target

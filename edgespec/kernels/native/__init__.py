@@ -3,8 +3,9 @@
 ``scripts/setup.sh`` builds it (CMake + nanobind + the system C++ compiler) into ``build/``
 here (git-ignored); ``EDGESPEC_NATIVE_DIR`` points elsewhere. ``load()`` imports it once and
 returns the module, or None with the reason in ``status()``: turned off
-(``EDGESPEC_NATIVE=0``), not built, built from older sources than these (stale), failing to
-import, or failing its self-check (e.g. built against another MLX than the one installed).
+(``EDGESPEC_NATIVE=0``), not built, built from other sources than these (stale: see
+``is_stale``), failing to import, or failing its self-check (e.g. built against another MLX
+than the one installed).
 Every caller then takes the pure-MLX path; the first failure emits ONE
 :class:`NativeKernelWarning` that names the reason and the fix, and ``edgespec doctor``
 prints the status.
@@ -16,7 +17,6 @@ generic code, chosen at run time from the CPU) and ``threads()``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -28,9 +28,10 @@ from types import ModuleType
 
 import mlx.core as mx
 
+from .stamp import SOURCE_SUFFIXES, STAMP_NAME, digest_of
+
 SOURCE_DIR = Path(__file__).resolve().parent
 MODULE_NAME = "_edgespec_native"
-SOURCE_SUFFIXES = (".cpp", ".h", ".inc", ".txt")
 BUILD_HINT = "run scripts/setup.sh (needs cmake, ninja and nanobind in .venv and a C++ compiler)"
 
 
@@ -64,19 +65,28 @@ def find_module_file(directory: Path) -> Path | None:
     return None
 
 
-def _newest_source_mtime() -> float:
-    return max(p.stat().st_mtime for p in SOURCE_DIR.iterdir() if p.suffix in SOURCE_SUFFIXES)
+def _newest_source_mtime(sources: Path) -> float:
+    return max(p.stat().st_mtime for p in sources.iterdir() if p.suffix in SOURCE_SUFFIXES)
 
 
 def source_digest() -> str:
     """A digest of the kernels' sources: what a cached measurement of their speed depends on."""
     if "digest" not in _digest:
-        h = hashlib.sha256()
-        for p in sorted(SOURCE_DIR.iterdir()):
-            if p.suffix in SOURCE_SUFFIXES:
-                h.update(p.name.encode() + p.read_bytes())
-        _digest["digest"] = h.hexdigest()[:16]
+        _digest["digest"] = digest_of(SOURCE_DIR)
     return _digest["digest"]
+
+
+def is_stale(module: Path, sources: Path = SOURCE_DIR) -> bool:
+    """Whether ``module`` was built from other sources than ``sources``: the digest its build
+    stamped beside it (``stamp.py``) differs from theirs. Only a module built before builds
+    stamped goes by time: older than the newest source. (By time alone, a `git checkout` that
+    restored identical sources made the module stale, and every process silently ran the
+    pure-MLX path, ~2.7x slower, until a rebuild: stop 30.)"""
+    stamp = module.parent / STAMP_NAME
+    if stamp.is_file():
+        current = source_digest() if sources == SOURCE_DIR else digest_of(sources)
+        return stamp.read_text().strip() != current
+    return module.stat().st_mtime < _newest_source_mtime(sources)
 
 
 _digest: dict[str, str] = {}
@@ -100,9 +110,9 @@ def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
     if path is None:
         return None, NativeStatus(False, f"not built (no {MODULE_NAME} module in {directory}); "
                                          f"{BUILD_HINT}")
-    if directory == SOURCE_DIR / "build" and path.stat().st_mtime < _newest_source_mtime():
-        return None, NativeStatus(False, f"stale (built before the sources in {SOURCE_DIR} "
-                                         f"changed); {BUILD_HINT}", str(path))
+    if directory == SOURCE_DIR / "build" and is_stale(path):
+        return None, NativeStatus(False, f"stale (built from other sources than those in "
+                                         f"{SOURCE_DIR}); {BUILD_HINT}", str(path))
     try:
         spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
         mod = importlib.util.module_from_spec(spec)
