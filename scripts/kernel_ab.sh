@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The float32 small-M kernel (edgespec/kernels/native/kernel_blocks.inc, its AVX2 form) at a git
+# revision against the working tree's, taking turns in one process on a forward's products
+# (scripts/kernel_ab/main.cpp). Separate processes on a shared 2-core VM drifted ±5% apart with
+# identical code; pairs in one process did not.
+#   scripts/kernel_ab.sh REV [ROWS,ROWS,...] [ROUNDS]      e.g. scripts/kernel_ab.sh HEAD~1 8,16 15
+set -euo pipefail
+rev=${1:?usage: scripts/kernel_ab.sh REV [ROWS,...] [ROUNDS]}
+rows=${2:-8,16}
+rounds=${3:-15}
+root=$(git rev-parse --show-toplevel)
+src=$root/edgespec/kernels/native
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git -C "$root" show "$rev:edgespec/kernels/native/kernel_blocks.inc" >"$work/base.inc"
+cp "$src/kernel_blocks.inc" "$work/fresh.inc"
+cp "$src/store_sums.inc" "$src/avx2_sum.h" "$src/pool.h" "$src/pool.cpp" "$work/"
+cxx=${CXX:-g++}
+for v in base fresh; do
+  "$cxx" -O3 -mavx2 -mfma -std=c++20 -Wno-maybe-uninitialized -I"$work" -DVARIANT_NS=$v \
+    -DVARIANT_INC="\"$v.inc\"" -c "$root/scripts/kernel_ab/variant.cpp" -o "$work/$v.o"
+done
+"$cxx" -O3 -std=c++20 -I"$work" "$root/scripts/kernel_ab/main.cpp" "$work/pool.cpp" \
+  "$work/base.o" "$work/fresh.o" -o "$work/ab" -lpthread
+echo "kernel_blocks.inc at $rev (base) against the working tree (new); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for m in ${rows//,/ }; do "$work/ab" "$m" "$rounds"; done
