@@ -38,6 +38,9 @@ def test_doctor_reports_the_bandwidth_limit(tiny_models, monkeypatch):
     assert max(rounds) >= f["plain_decode_tok_s"] / f["bandwidth_limit_tok_s"] - 1e-3
     assert f"each round {100 * min(rounds):.0f}-{100 * max(rounds):.0f}%" in text
     assert "kernels" in text and "BLAS" in text
+    ms = f["forward_ms"]  # issue 12's two targets, each on the line it is read from
+    assert f"8-token / 1-token = {f['forward_ratio_8_vs_1']:.2f}x" in text
+    assert f"16-token / 1-token = {ms[16] / ms[1]:.2f}x" in text
     if f["huge_page_mb"] is None:  # not Linux's CPU backend, or the policy is 'never'
         assert "huge pages" not in text
     else:  # a tiny model's blocks are too small to pack; its head may not fill a page either
