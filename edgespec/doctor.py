@@ -191,7 +191,7 @@ def format_findings(f: dict) -> str:
     b = f["blas"]
     ok_blas = b["name"] not in ("reference",)
     ratio = f["forward_ratio_8_vs_1"]
-    ms = f["forward_ms"]
+    fwd = f["forward_ms"]
     lines = [
         f"edgespec {f['edgespec']}  mlx {f['mlx']}  python {f['python']}  {f['platform']}",
         f"device     {f['device']} (GPU available: {f['gpu_available']})",
@@ -202,7 +202,7 @@ def format_findings(f: dict) -> str:
         f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}",
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"
-        + ("" if not {1, 16} <= set(ms) else f", 16-token / 1-token = {ms[16] / ms[1]:.2f}x")
+        + ("" if not {1, 16} <= set(fwd) else f", 16-token / 1-token = {fwd[16] / fwd[1]:.2f}x")
         + ("  (speculation-friendly)" if ratio <= 2.0 else "  (verifying drafts is expensive here)"),
         "plain decoding  " + phrase("tokens_per_s", f["plain_decode_tok_s"]),
         f"bandwidth  {f['bandwidth_gb_s']:.1f} GB/s read (all cores) / {f['streamed_weights_mb']:.0f} MB "

@@ -2,7 +2,8 @@
 # The float32 small-M kernel (edgespec/kernels/native/kernel_blocks.inc, its AVX2 form) at a git
 # revision against the working tree's, taking turns in one process on a forward's products
 # (scripts/kernel_ab/main.cpp). Separate processes on a shared 2-core VM drifted ±5% apart with
-# identical code; pairs in one process did not.
+# identical code; pairs in one process did not. Both variants take the working tree's
+# store_sums.inc, avx2_sum.h and pool.cpp: only kernel_blocks.inc comes from REV.
 #   scripts/kernel_ab.sh REV [ROWS,ROWS,...] [ROUNDS]      e.g. scripts/kernel_ab.sh HEAD~1 8,16 15
 set -euo pipefail
 rev=${1:?usage: scripts/kernel_ab.sh REV [ROWS,...] [ROUNDS]}

@@ -138,7 +138,7 @@ if [[ $want_native == 1 ]]; then
         done
     fi
     if [[ -z $cxx ]]; then
-        rm -f "$bdir"/_edgespec_native.*
+        rm -f "$bdir"/_edgespec_native.* "$bdir"/sources.sha256
         warn "no C++ compiler (c++, g++, clang++ or \$CXX): native kernels not built; edgespec uses the pure-MLX path"
         native="not built (no C++ compiler)"
     else
@@ -150,7 +150,7 @@ if [[ $want_native == 1 ]]; then
                 .venv/bin/cmake --build "$bdir"; } >"$log" 2>&1; then
             native="built ($bdir)"
         else
-            rm -f "$bdir"/_edgespec_native.*  # nothing stale may stay behind
+            rm -f "$bdir"/_edgespec_native.* "$bdir"/sources.sha256  # nothing stale may stay behind
             warn "building the native kernels failed (log: $log); edgespec uses the pure-MLX path"
             native="build failed (see $log)"
         fi

@@ -85,23 +85,26 @@ def test_threaded_sizes_and_leading_dims(mod):
 def test_rows_do_not_depend_on_their_batch(mod):
     """Each row gets the same bits alone as among up to 64 rows (any block position), on every
     ISA the CPU has: the sums are taken four accumulators at a time, and which four an output
-    is grouped with (or padded by, in a tail block) must not change it."""
+    is grouped with (or padded by, in a tail block) must not change it. K = 577 ends on a
+    one-value tail; K = 600 on single steps after the four-step groups of 9+ rows (600 % 32)."""
     rng = np.random.default_rng(2)
-    w = mx.array(rng.standard_normal((1003, 577), dtype=np.float32))
-    x = mx.array(rng.standard_normal((64, 577), dtype=np.float32))
     before = mod.isa()
     try:
-        for isa in mod.supported_isas().split(","):
-            mod.set_isa(isa)
-            full = small_matmul_native(x, w)
-            for m in (1, 2, 3, 5, 8, 13, 63):
-                part = small_matmul_native(x[:m], w)
-                assert mx.array_equal(part, full[:m]).item(), (isa, m)
-            for i in (0, 6, 37, 63):
-                alone = small_matmul_native(x[i : i + 1], w)
-                assert mx.array_equal(alone, full[i : i + 1]).item(), (isa, i)
-            for n in (1, 2, 3, 5, 7):  # column tails: 1-3 accumulators padded in a group
-                assert mx.array_equal(small_matmul_native(x[:5], w[:n]), full[:5, :n]).item(), (isa, n)
+        for k in (577, 600):
+            w = mx.array(rng.standard_normal((1003, k), dtype=np.float32))
+            x = mx.array(rng.standard_normal((64, k), dtype=np.float32))
+            for isa in mod.supported_isas().split(","):
+                mod.set_isa(isa)
+                full = small_matmul_native(x, w)
+                for m in (1, 2, 3, 5, 8, 13, 63):
+                    part = small_matmul_native(x[:m], w)
+                    assert mx.array_equal(part, full[:m]).item(), (isa, k, m)
+                for i in (0, 6, 37, 63):
+                    alone = small_matmul_native(x[i : i + 1], w)
+                    assert mx.array_equal(alone, full[i : i + 1]).item(), (isa, k, i)
+                for n in (1, 2, 3, 5, 7):  # column tails: 1-3 accumulators padded in a group
+                    tail = small_matmul_native(x[:5], w[:n])
+                    assert mx.array_equal(tail, full[:5, :n]).item(), (isa, k, n)
     finally:
         mod.set_isa(before)
 
@@ -251,6 +254,15 @@ def test_stale_means_other_sources_not_newer_files(tmp_path):
     assert not native.is_stale(module, src)
     (src / "new.h").write_text("#pragma once\n")
     assert native.is_stale(module, src)
+    (src / "new.h").unlink()
+    assert not native.is_stale(module, src)
+    # a stamp older than the module belongs to another build (one that did not stamp): by time
+    stamp_time = (build / "sources.sha256").stat().st_mtime
+    os.utime(module, (stamp_time + 10, stamp_time + 10))  # rebuilt after the stamp...
+    assert not native.is_stale(module, src)  # ...newer than every source: fresh by time
+    os.utime(module, (old, old))
+    os.utime(build / "sources.sha256", (old - 10, old - 10))  # the stamp before the module
+    assert native.is_stale(module, src)  # the module is older than the sources
 
 
 def test_the_built_module_carries_its_sources_stamp(mod):

@@ -78,12 +78,14 @@ def source_digest() -> str:
 
 def is_stale(module: Path, sources: Path = SOURCE_DIR) -> bool:
     """Whether ``module`` was built from other sources than ``sources``: the digest its build
-    stamped beside it (``stamp.py``) differs from theirs. Only a module built before builds
-    stamped goes by time: older than the newest source. (By time alone, a `git checkout` that
-    restored identical sources made the module stale, and every process silently ran the
-    pure-MLX path, ~2.7x slower, until a rebuild: stop 30.)"""
+    stamped beside it (``stamp.py``, written after the module on every build) differs from
+    theirs. A stamp older than the module belongs to another build (one whose CMakeLists did
+    not stamp, e.g. an older checkout's), so then, as without a stamp, it goes by time: stale
+    when older than the newest source. (By time alone, a `git checkout` that restored identical
+    sources made the module stale, and every process silently ran the pure-MLX path, ~2.7x
+    slower, until a rebuild: stop 30.) ``EDGESPEC_NATIVE_DIR``'s modules are not checked."""
     stamp = module.parent / STAMP_NAME
-    if stamp.is_file():
+    if stamp.is_file() and stamp.stat().st_mtime_ns >= module.stat().st_mtime_ns:
         current = source_digest() if sources == SOURCE_DIR else digest_of(sources)
         return stamp.read_text().strip() != current
     return module.stat().st_mtime < _newest_source_mtime(sources)
