@@ -45,9 +45,9 @@ template <>
 struct Deq<8> : GroupScale {
   using GroupScale::GroupScale;
   inline void step(const uint8_t* row, int64_t k, int part, __m256* w) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * part));
-    w[0] = deq8(v, s, b);
-    w[1] = deq8(_mm_unpackhi_epi64(v, v), s, b);
+    const uint8_t* p = row + k + 16 * part;  // each 8 bytes widened straight from memory
+    w[0] = deq8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), s, b);
+    w[1] = deq8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)), s, b);
   }
 };
 
