@@ -241,7 +241,7 @@ def test_stale_means_other_sources_not_newer_files(tmp_path):
     old = src.stat().st_mtime - 100
     os.utime(module, (old, old))  # older than every source
     assert native.is_stale(module, src)  # no stamp: by time
-    # the build's POST_BUILD step, as CMakeLists.txt runs it
+    # the build's sources_stamp target, as CMakeLists.txt runs it
     subprocess.run([sys.executable, str(Path(native.__file__).with_name("stamp.py")), str(src),
                     str(build / "sources.sha256")], check=True)
     assert (build / "sources.sha256").read_text().strip() == native.digest_of(src)

@@ -1,7 +1,8 @@
 """The digest of the native kernels' sources, and the stamp a build leaves beside the module.
 
-After each link, CMake runs ``python stamp.py SOURCE_DIR STAMP_FILE`` (a POST_BUILD step in
-CMakeLists.txt), which writes the digest of the sources the module was just built from. The
+After every build, CMake runs ``python stamp.py SOURCE_DIR STAMP_FILE`` (the ``sources_stamp``
+target in CMakeLists.txt, after the module), which writes the digest of the sources the module
+is now up to date with. The
 loader (``__init__.py``) compares it with the digest of the sources now: a checkout that
 restores identical sources (new mtimes, same bytes) keeps the module, and only changed bytes
 make it stale. Standalone on purpose: the build runs it without importing edgespec or MLX.
