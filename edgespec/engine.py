@@ -41,10 +41,8 @@ from .sampling import make_rng
 from .stats import Stats
 from .stream_text import Segment, TextStream
 from .tree import DraftTree
-from .kernels.backend import metal_kernels
+from .kernels.backend import metal_kernels, prefill_chunk
 from .verify import Accepted, accept
-
-_PREFILL_CHUNK = 512
 
 
 @dataclass
@@ -171,9 +169,9 @@ class Engine:
         keep = bool(capture) or (drafter is not None and drafter.wants_hidden)
 
         def prefill() -> None:
-            outs = []
-            for a in range(start, len(ids) - 1, _PREFILL_CHUNK):
-                out = target.score(ids[a : min(a + _PREFILL_CHUNK, len(ids) - 1)], cache,
+            outs, step = [], prefill_chunk()
+            for a in range(start, len(ids) - 1, step):
+                out = target.score(ids[a : min(a + step, len(ids) - 1)], cache,
                                    capture=capture, head=False)
                 cache.commit()
                 mx.eval(cache.state(), *((out.hidden, *out.captured.values()) if keep else ()))

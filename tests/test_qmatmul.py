@@ -132,7 +132,9 @@ def _isas(mod):
 def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
     """Every ISA, with the weights dequantized per 4-row block and once for all rows (the
     default on Intel CPUs): within tolerance of the twin, and a row alone has its bits in a
-    batch of 18 (the buffered path) and of 7 (buffered, a ragged last block)."""
+    batch of 18 (from 9 rows per-4-row dequantization gives way to the chunk's float weights
+    and the float kernel; buffered, the buffered path), of 7 (a ragged last block), of 9, and
+    of 80 (the float kernel on both settings, over two slabs of x's rows)."""
     rng = np.random.default_rng(1)
     before, buffered = mod.isa(), mod.buffered_dequantization()
     try:
@@ -141,6 +143,7 @@ def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
             for bits in (4, 8):
                 q = _quantized(rng, 3001, 576, 64, bits)  # threaded: many chunks, a ragged one
                 x = mx.array(rng.standard_normal((2, 9, 576), dtype=np.float32))
+                many = mx.array(rng.standard_normal((80, 576), dtype=np.float32))
                 alone = quantized_small_matmul_native(x[1, 4:5], *q, 64, bits)
                 results = []
                 for on in (False, True):
@@ -149,8 +152,14 @@ def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
                     assert y.shape == (2, 9, 3001)
                     _close(y, x, q, 64, bits)
                     assert mx.array_equal(alone, y[1, 4:5]).item(), (isa, bits, on)
-                    seven = quantized_small_matmul_native(x[1, :7], *q, 64, bits)
-                    assert mx.array_equal(seven, y[1, :7]).item(), (isa, bits, on)
+                    for rows in (7, 9):
+                        part = quantized_small_matmul_native(x[1, :rows], *q, 64, bits)
+                        assert mx.array_equal(part, y[1, :rows]).item(), (isa, bits, on, rows)
+                    y80 = quantized_small_matmul_native(many, *q, 64, bits)
+                    _close(y80, many, q, 64, bits)
+                    for r in (0, 70):
+                        one = quantized_small_matmul_native(many[r:r + 1], *q, 64, bits)
+                        assert mx.array_equal(one, y80[r:r + 1]).item(), (isa, bits, on, r)
                     results.append(y)
                 assert mx.array_equal(*results).item()
     finally:
@@ -217,9 +226,9 @@ def _quantized_copy(src, out):
 
 @pytest.mark.parametrize("q8", [False, True])
 def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_path, monkeypatch, q8):  # noqa: F811
-    """Kept quantized on the CPU: packed weights, float32 everything else, every product (the
-    prefill's too) through the kernel, and greedy speculation equal to plain decoding (with
-    the int8 activations too, where they run)."""
+    """Kept quantized on the CPU: packed weights, float32 everything else, every product
+    through the kernel (a forward of more tokens than the native block takes too), and greedy
+    speculation equal to plain decoding (with the int8 activations too, where they run)."""
     from edgespec import Engine
     from edgespec.config import SamplingConfig
     from edgespec.drafters.registry import make_drafter
@@ -242,7 +251,10 @@ def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_pat
                         lambda *a: calls.append(a[0].shape) or modes.add(a[6]) or real(*a))
     prompt = "the cat sat on the mat and the cat sat on the"
     plain = Engine(target).generate(prompt, max_tokens=24)
-    assert calls and max(math.prod(s[:-1]) for s in calls) > backend.SMALL_M_MAX  # the prefill
+    assert calls  # the LM head; the blocks ran as native blocks, their products in C++
+    calls.clear()
+    target.score(list(range(3, 3 + backend.SMALL_M_MAX + 8)), target.make_cache())
+    assert min(math.prod(s[:-1]) for s in calls) > backend.SMALL_M_MAX  # MLX's block, the op
     assert modes == {q8}
     greedy = SamplingConfig()
     for method in ("lookup", "lookahead"):

@@ -67,6 +67,9 @@ NB_MODULE(_edgespec_native, m) {
         "Whether quantized products of more than 4 rows dequantize each block of weights once.");
   m.def("set_buffered_dequantization", &edgespec_native::set_buffered_dequantization, "on"_a,
         "Turns that on or off (tests and A/B timings).");
+  m.def("dequantized_gemm_rows", &edgespec_native::dequantized_gemm_rows,
+        "The fewest rows for which a quantized product dequantizes each thread's chunk of "
+        "weights once and runs the float kernel on it.");
   m.def("threads", &edgespec_native::threads, "Threads the kernels split N over.");
   m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5, "all_threads"_a = true,
         "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "

@@ -28,6 +28,15 @@ void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int6
 void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf);
+// Rows n0 <= n < n1 of the dequantized weights, scale * q + bias rounded once as qrows computes
+// them, into out (row n - n0 at out + (n - n0) * ldo; 64-byte aligned, ldo a multiple of 16)
+// in the order kernel_q.h gives x (de-interleaved for 4 bits).
+void qdequantize_avx512(int bits, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                        int64_t ldg, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out,
+                        int64_t ldo);
+void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                      int64_t ldg, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out,
+                      int64_t ldo);
 // The opt-in int8-activation form (AVX-512 VNNI; kernel_q8_avx512.cpp), x quantized per
 // 32-value block to int8 q with scale d. 4 bits: xe / xo (M rows of Kp/2 int8, row stride
 // ldxq; Kp = K rounded up to 128, zeros past K) hold q at even / odd positions; dl (M, ldd >=

@@ -1,5 +1,6 @@
 // AVX2 + FMA form of kernel_q.h's contract (compiled with -mavx2 -mfma only; see kernel.h for
-// why the ISA files include nothing else): 8 values a vector, blocks of 4 rows x 2 columns.
+// why the ISA files include nothing else): 8 values a vector, blocks of 4 rows x 2 columns (1
+// row x 4 columns for a single row of x).
 //
 // 4 bits: 16 packed bytes (32 values) give their low nibbles (the even values; a mask) and then
 // their high nibbles (the odd values; a shift and a mask), 8 at a time widened, converted and
@@ -59,9 +60,11 @@ struct Deq<8> : GroupScale {
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VSUM(v) sum256(v)
 #define VSUM4(a, b, c, d, out) sum4_256((a), (b), (c), (d), (out))
+#define NB1_MAX 4
 #define NB_MAX 2
 #define PARTS 2
 #define QROWS_FN qrows_avx2_impl
+#define QDEQ_FN qdequantize_avx2_impl
 #include "kernel_q_blocks.inc"
 
 }  // namespace
@@ -70,6 +73,12 @@ void qrows_avx2(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_
                 const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                 int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf) {
   qrows_avx2_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1, buf);
+}
+
+void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                      int64_t ldg, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out,
+                      int64_t ldo) {
+  qdequantize_avx2_impl(bits, wq, ldq, s, b, ldg, K, gs, n0, n1, out, ldo);
 }
 
 }  // namespace edgespec_native

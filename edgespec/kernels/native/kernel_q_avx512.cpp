@@ -56,9 +56,11 @@ struct Deq<8> {
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VSUM(v) _mm512_reduce_add_ps(v)
 #define VSUM4(a, b, c, d, out) sum4_512((a), (b), (c), (d), (out))
+#define NB1_MAX 4
 #define NB_MAX 4
 #define PARTS 1
 #define QROWS_FN qrows_avx512_impl
+#define QDEQ_FN qdequantize_avx512_impl
 #include "kernel_q_blocks.inc"
 
 }  // namespace
@@ -67,6 +69,12 @@ void qrows_avx512(int bits, const float* x, int64_t ldx, const uint8_t* wq, int6
                   const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                   int64_t K, int64_t gs, int64_t n0, int64_t n1, float* buf) {
   qrows_avx512_impl(bits, x, ldx, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1, buf);
+}
+
+void qdequantize_avx512(int bits, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                        int64_t ldg, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out,
+                        int64_t ldo) {
+  qdequantize_avx512_impl(bits, wq, ldq, s, b, ldg, K, gs, n0, n1, out, ldo);
 }
 
 }  // namespace edgespec_native

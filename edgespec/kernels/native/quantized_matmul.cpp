@@ -11,6 +11,7 @@
 
 #include "aligned_room.h"
 #include "dispatch.h"
+#include "kernel.h"
 #include "kernel_q.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -72,6 +73,8 @@ bool buffered_dequantization() {
 
 void set_buffered_dequantization(bool on) { g_buffered.store(on ? 1 : 0, std::memory_order_relaxed); }
 
+int64_t dequantized_gemm_rows() { return buffered_dequantization() ? 33 : 9; }
+
 namespace {
 
 struct QJob {
@@ -79,6 +82,7 @@ struct QJob {
   int bits;
   bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
   bool buffered;  // more than 4 rows: dequantize each column block once (kernel_q.h's buf)
+  bool gemm;      // dequantized_gemm_rows() or more: each chunk dequantized, then the float kernel
   const int8_t *xe, *xo;
   const float *dl, *xs;
   int64_t ldxq, ldd, ldxs;
@@ -99,6 +103,20 @@ void run_qchunk(void* ctx, int64_t chunk) {
   if (j.q8)
     return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
                              j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
+  if (j.gemm) {
+    // The chunk's float weights (~128 KB) stay in L2 while the float kernel runs every block
+    // of kSlab rows of x against them.
+    constexpr int64_t kSlab = 64;
+    thread_local std::vector<float> chunk;
+    float* wf = aligned_room(chunk, (n1 - n0) * j.K);
+    (j.isa == 2 ? qdequantize_avx512 : qdequantize_avx2)(j.bits, j.wq, j.ldq, j.s, j.b, j.ldg,
+                                                         j.K, j.gs, n0, n1, wf, j.K);
+    const RowsFn rows = j.isa == 2 ? rows_avx512 : rows_avx2;
+    for (int64_t m = 0; m < j.M; m += kSlab)
+      rows(j.x + m * j.ldx, j.ldx, wf, j.K, j.y + m * j.ldy + n0, j.ldy,
+           j.M - m < kSlab ? j.M - m : kSlab, j.K, 0, n1 - n0);
+    return;
+  }
   float* buf = nullptr;
   if (j.buffered) {  // this thread's scratch, grown as needed
     thread_local std::vector<float> room;
@@ -171,13 +189,22 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, in
   return r;
 }
 
+// A weight as it is where it is already evaluated and row-contiguous, else mx::contiguous of
+// it. mx::contiguous copies a row-contiguous view too when its buffer is much larger than the
+// view, which every weight placed in targets/weight_arena's shared buffers is: a 70-token
+// prefill of the 8-bit demo model copied all its packed weights (~0.4 ms per gate|up).
+mx::array as_rows(const mx::array& a, mx::Stream s) {
+  return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
+}
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
 }
 
 void run_qjob(QJob job) {
   if (job.M == 0 || job.N == 0) return;
-  job.buffered = !job.q8 && job.isa != 0 && job.M > 4 && buffered_dequantization();
+  job.gemm = !job.q8 && job.isa != 0 && job.M >= dequantized_gemm_rows();
+  job.buffered = !job.q8 && !job.gemm && job.isa != 0 && job.M > 4 && buffered_dequantization();
   std::vector<float> xp;
   X8 x8;
   if (job.q8) {
@@ -217,7 +244,7 @@ void run_qjob(QJob job) {
 void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
                             int64_t K, int group_size, int bits, bool q8) {
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, false, nullptr, nullptr,
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, false, false, nullptr, nullptr,
            nullptr, nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
            K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
   run_qjob(job);
@@ -250,8 +277,7 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
   auto y = mx::array(
       {static_cast<int>(M), N}, mx::float32,
       std::make_shared<QuantizedSmallMatmul>(s, group_size, bits, q8),
-      {x2, mx::contiguous(wq, false, s), mx::contiguous(scales, false, s),
-       mx::contiguous(biases, false, s)});
+      {x2, as_rows(wq, s), as_rows(scales, s), as_rows(biases, s)});
   return mx::reshape(y, out_shape, s);
 }
 
@@ -265,7 +291,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, false, nullptr, nullptr,
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, false, false, nullptr, nullptr,
            nullptr, nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),

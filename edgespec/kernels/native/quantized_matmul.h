@@ -33,6 +33,14 @@ bool has_q8_activations();
 bool buffered_dequantization();
 void set_buffered_dequantization(bool on);
 
+// The fewest rows of x for which each thread dequantizes its chunk of packed rows into a float
+// buffer once and runs the float kernel (kernel.h) on it, every 4-row block reading the float
+// weights from L2: 9 rows where the weights are otherwise dequantized per 4-row block (the
+// AMD EPYC VM: a forward's 8-bit products at 9 rows 0.78x the time, 64 rows 0.60x, while 8
+// rows were even), 33 where they are buffered (Intel, not measured at fewer rows). The same
+// bits either way: the float kernel takes each dequantized weight in qblock's order.
+int64_t dequantized_gemm_rows();
+
 class QuantizedSmallMatmul : public mx::UnaryPrimitive {
  public:
   QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits, bool q8)
