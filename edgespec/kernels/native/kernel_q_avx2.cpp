@@ -61,6 +61,7 @@ struct Deq<8> : GroupScale {
 #define VSUM(v) sum256(v)
 #define VSUM4(a, b, c, d, out) sum4_256((a), (b), (c), (d), (out))
 #define NB1_MAX 4
+#define QAHEAD1 1
 #define NB_MAX 2
 #define PARTS 2
 #define QROWS_FN qrows_avx2_impl
