@@ -1,12 +1,14 @@
 """Where does a target forward's time go? 1/2/4/8/16-token forwards of a model, split.
 
-Usage: python scripts/forward_profile.py [MODEL] [ROUNDS] [ab] — after a 128-token context, times
+Usage: python scripts/forward_profile.py [MODEL] [ROUNDS] [ab|-] [DTYPE] — after a 128-token context, times
 the whole forward (body + LM head), the body alone and the LM head alone for N = 1, 2, 4, 8, 16
 tokens. The sizes are interleaved round by round, so slow drift on a shared machine affects
 all of them alike; medians and minima over the rounds are printed. With ``ab``, every case is
 timed with the native kernels on and off (``kernels/backend.set_native_enabled``), the two
 paired within the round and their order alternating from round to round; the table then has a
-column per variant and their ratio. Run it on a quiet machine.
+column per variant and their ratio (``-``: one variant). ``DTYPE``: the weights' dtype as
+``edgespec --dtype`` takes it (``auto`` keeps a GGUF's or checkpoint's quantization); the
+default is the loader's. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ def timed(fn) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def main(ref: str = "demo", rounds: str = "25", mode: str = "") -> None:
+def main(ref: str = "demo", rounds: str = "25", mode: str = "", dtype: str | None = None) -> None:
     variants = {"native": True, "mlx": False} if mode == "ab" else {"": backend.native_enabled()}
-    target = load(ref, progress=False)
+    target = load(ref, dtype=dtype, progress=False)
     cache = target.make_cache()
     ids = [(7 * i) % 1000 + 10 for i in range(CONTEXT + 16)]
     target.score(ids[:CONTEXT], cache, head=False)
