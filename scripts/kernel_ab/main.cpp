@@ -1,10 +1,13 @@
-// A forward's float32 products for the demo model (SmolLM2-135M: 30 layers of q|k|v, o,
-// gate|up, down, each on its own cold weights, then the 49,152-row LM head) at M rows of x,
-// with two builds of kernel_blocks.inc (base, new) taking turns in one process, split over
-// the kernels' own thread pool in chunks as dispatch.cpp splits them. Prints each variant's
-// median ms and the median of the per-round new/base ratios: on a shared machine, pairs in
-// one process move together where separate processes do not. Exits 1 when the two variants'
-// outputs differ in any bit. See scripts/kernel_ab.sh.
+// A forward's products for the demo model (SmolLM2-135M: 30 layers of q|k|v, o, gate|up, down,
+// each on its own cold weights, then the 49,152-row LM head) at M rows of x, with two builds of
+// a kernel (base, new) taking turns in one process, split over the kernels' own thread pool in
+// chunks as the module splits them. BITS 32: the float32 kernel (kernel_blocks.inc, rows_avx2;
+// dispatch.cpp's chunks); 8 or 4: the quantized kernel on weights in MLX's affine layout, group
+// 32 (kernel_q_blocks.inc, qrows_avx2, the per-block kernel that runs up to 8 rows;
+// quantized_matmul.cpp's chunks). Prints each variant's median ms and the median of the
+// per-round new/base ratios: on a shared machine, pairs in one process move together where
+// separate processes do not. Exits 1 when the two variants' outputs differ in any bit. See
+// scripts/kernel_ab.sh.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,9 +20,21 @@
 
 using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                         int64_t, int64_t, int64_t);
-// kernel_avx2.cpp's rows_avx2, compiled twice with its namespace renamed (scripts/kernel_ab.sh)
-namespace base { void rows_avx2(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t); }
-namespace fresh { void rows_avx2(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t); }
+using QRowsFn = void (*)(int, const float*, int64_t, const uint8_t*, int64_t, const float*,
+                         const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, float*);
+// kernel_avx2.cpp's rows_avx2 and kernel_q_avx2.cpp's qrows_avx2, each compiled twice with its
+// namespace renamed (scripts/kernel_ab.sh)
+#define EDGESPEC_AB_VARIANT(ns)                                                               \
+  namespace ns {                                                                              \
+  void rows_avx2(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,      \
+                 int64_t, int64_t, int64_t);                                                  \
+  void qrows_avx2(int, const float*, int64_t, const uint8_t*, int64_t, const float*,          \
+                  const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                  int64_t, float*);                                                           \
+  }
+EDGESPEC_AB_VARIANT(base)
+EDGESPEC_AB_VARIANT(fresh)
 
 namespace {
 
@@ -27,24 +42,43 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+constexpr int64_t kGroup = 32;  // the quantized weights' group size
+
+// One weight matrix (N, K): float32, or packed (bits) with its scales and biases.
+struct Weight {
+  int64_t N, K;
+  const float* w;     // float32
+  const uint8_t* q;   // quantized
+  const float *s, *b;
+};
+
 struct Job {
   RowsFn fn;
-  const float *x, *w;
+  QRowsFn qfn;
+  int bits;
+  const float* x;
+  Weight w;
   float* y;
-  int64_t M, N, K, rows;
+  int64_t M, rows;
 };
 
 void run_chunk(void* ctx, int64_t c) {
   const Job& j = *static_cast<Job*>(ctx);
-  const int64_t n0 = c * j.rows, n1 = std::min(n0 + j.rows, j.N);
-  j.fn(j.x, j.K, j.w, j.K, j.y, j.N, j.M, j.K, n0, n1);
+  const int64_t n0 = c * j.rows, n1 = std::min(n0 + j.rows, j.w.N), K = j.w.K;
+  if (j.bits == 32)
+    j.fn(j.x, K, j.w.w, K, j.y, j.w.N, j.M, K, n0, n1);
+  else
+    j.qfn(j.bits, j.x, K, j.w.q, K * j.bits / 8, j.w.s, j.w.b, K / kGroup, j.y, j.w.N, j.M, K,
+          kGroup, n0, n1, nullptr);
 }
 
-void product(RowsFn fn, const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K) {
-  int64_t rows = (32 * 1024 / K + 47) / 48 * 48;  // dispatch.cpp's chunks
-  if (rows < 48) rows = 48;
-  Job j{fn, x, w, y, M, N, K, rows};
-  edgespec_native::Pool::get().run(run_chunk, &j, (N + rows - 1) / rows);
+void product(RowsFn fn, QRowsFn qfn, int bits, const float* x, const Weight& w, float* y,
+             int64_t M) {
+  // dispatch.cpp's chunks (float32) or quantized_matmul.cpp's
+  const int64_t unit = bits == 32 ? 48 : 4;
+  const int64_t rows = std::max(unit, (32 * 1024 / w.K + unit - 1) / unit * unit);
+  Job j{fn, qfn, bits, x, w, y, M, rows};
+  edgespec_native::Pool::get().run(run_chunk, &j, (w.N + rows - 1) / rows);
 }
 
 uint64_t checksum(const float* p, int64_t n, uint64_t h) {  // FNV-1a over the bits
@@ -62,32 +96,46 @@ float* filled(int64_t n, int seed) {
   return p;
 }
 
+Weight weight(int64_t N, int64_t K, int bits, int seed) {
+  if (bits == 32) return {N, K, filled(N * K, seed), nullptr, nullptr, nullptr};
+  const int64_t bytes = N * K * bits / 8;
+  auto* q = static_cast<uint8_t*>(aligned_alloc(64, (bytes + 63) / 64 * 64));
+  for (int64_t i = 0; i < bytes; ++i) q[i] = static_cast<uint8_t>((i * 131 + seed) >> 3);
+  float* s = filled(N * K / kGroup, seed + 1);
+  float* b = filled(N * K / kGroup, seed + 2);
+  for (int64_t i = 0; i < N * K / kGroup; ++i) s[i] = 0.01f + s[i] * 0.01f;
+  return {N, K, nullptr, q, s, b};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int64_t M = argc > 1 ? atoi(argv[1]) : 16;
   const int rounds = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 15;
+  const int bits = argc > 3 ? atoi(argv[3]) : 32;
+  if (bits != 32 && bits != 8 && bits != 4) {
+    std::printf("bits must be 32 (float32), 8 or 4, not %d\n", bits);
+    return 2;
+  }
   const int64_t shapes[4][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};
-  std::vector<float*> ws;
+  std::vector<Weight> ws;
   for (int l = 0; l < 30; ++l)
-    for (auto& s : shapes) ws.push_back(filled(s[0] * s[1], l));
-  float* head = filled(49152LL * 576, 99);
+    for (auto& s : shapes) ws.push_back(weight(s[0], s[1], bits, l));
+  ws.push_back(weight(49152, 576, bits, 99));  // the head
   std::vector<float> x(M * 1536), y(M * 49152);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 131) * 0.01f - 0.6f;
   const RowsFn fns[2] = {base::rows_avx2, fresh::rows_avx2};
+  const QRowsFn qfns[2] = {base::qrows_avx2, fresh::qrows_avx2};
   // Every product's outputs, hashed per variant in an untimed first pass: the two
   // must agree bit for bit (a change that moves the sums' order is a different contract).
-  auto forward = [&](RowsFn fn, uint64_t* sum) {
-    for (int l = 0; l < 30; ++l)
-      for (int s = 0; s < 4; ++s) {
-        product(fn, x.data(), ws[l * 4 + s], y.data(), M, shapes[s][0], shapes[s][1]);
-        if (sum) *sum = checksum(y.data(), M * shapes[s][0], *sum);
-      }
-    product(fn, x.data(), head, y.data(), M, 49152, 576);
-    if (sum) *sum = checksum(y.data(), M * 49152, *sum);
+  auto forward = [&](int v, uint64_t* sum) {
+    for (const Weight& w : ws) {
+      product(fns[v], qfns[v], bits, x.data(), w, y.data(), M);
+      if (sum) *sum = checksum(y.data(), M * w.N, *sum);
+    }
   };
   uint64_t sums[2] = {0, 0};
-  for (int v = 0; v < 2; ++v) forward(fns[v], &sums[v]);  // also warms the pool and the pages
+  for (int v = 0; v < 2; ++v) forward(v, &sums[v]);  // also warms the pool and the pages
   if (sums[0] != sums[1]) {
     std::printf("%3ld rows: the variants' outputs differ in their bits\n", static_cast<long>(M));
     return 1;
@@ -97,7 +145,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2; ++i) {
       const int v = (i + r) % 2;  // the order alternates from round to round
       const double t0 = now();
-      forward(fns[v], nullptr);
+      forward(v, nullptr);
       t[v].push_back((now() - t0) * 1e3);
     }
   std::vector<double> ratio;
@@ -111,6 +159,6 @@ int main(int argc, char** argv) {
     const size_t h = v.size() / 2;
     return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
   };
-  std::printf("%3ld rows: base %6.2f ms  new %6.2f ms  new/base %.3f (new faster in %d of %d rounds)\n",
-              static_cast<long>(M), median(t[0]), median(t[1]), median(ratio), faster, rounds);
+  std::printf("%3ld rows, %2d-bit: base %6.2f ms  new %6.2f ms  new/base %.3f (new faster in %d of %d rounds)\n",
+              static_cast<long>(M), bits, median(t[0]), median(t[1]), median(ratio), faster, rounds);
 }
