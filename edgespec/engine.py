@@ -169,7 +169,7 @@ class Engine:
         keep = bool(capture) or (drafter is not None and drafter.wants_hidden)
 
         def prefill() -> None:
-            outs, step = [], prefill_chunk()
+            outs, step = [], prefill_chunk(target.model.native_blocks())
             for a in range(start, len(ids) - 1, step):
                 out = target.score(ids[a : min(a + step, len(ids) - 1)], cache,
                                    capture=capture, head=False)

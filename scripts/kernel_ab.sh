@@ -4,9 +4,10 @@
 # 2-core VM drifted ±5% apart with identical code; pairs in one process did not.
 # BITS 32 (the default): the float32 kernel; REV gives kernel_blocks.inc, and both variants take
 # the working tree's kernel_avx2.cpp. BITS 8 or 4: the quantized kernel's per-block form
-# (qrows_avx2: up to 8 rows; from 9 rows the module dequantizes a chunk for the float kernel);
-# REV gives kernel_q_blocks.inc and kernel_q_avx2.cpp (which sets its block shapes).
-# store_sums.inc, avx2_sum.h and pool.cpp are the working tree's.
+# (qrows_avx2: up to 8 rows; from 9 rows the module dequantizes a chunk for the float kernel;
+# without the Intel default's buffer; x as it is, not de-interleaved, which changes no timing);
+# REV gives kernel_q_blocks.inc and kernel_q_avx2.cpp (which sets its block shapes). Every other
+# file (store_sums.inc, avx2_sum.h, pool.cpp, the other kernel's) is the working tree's.
 #   scripts/kernel_ab.sh REV [ROWS,ROWS,...] [ROUNDS] [BITS]   e.g. scripts/kernel_ab.sh HEAD~1 1,4 11 8
 set -euo pipefail
 rev=${1:?usage: scripts/kernel_ab.sh REV [ROWS,...] [ROUNDS] [BITS]}
@@ -18,14 +19,15 @@ root=$(git rev-parse --show-toplevel)
 src=$root/edgespec/kernels/native
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# Each variant is the module's own kernel_avx2.cpp in a folder of its own (its quoted includes
-# resolve there), its namespace renamed so that both link into one program.
+# Each variant is the module's own kernel_avx2.cpp and kernel_q_avx2.cpp in a folder of its own
+# (their quoted includes resolve there), the namespace renamed so that both link into one program.
 cxx=${CXX:-g++}
+measured=$([[ $bits == 32 ]] && echo "kernel_blocks.inc" || echo "kernel_q_blocks.inc kernel_q_avx2.cpp")
 for v in base fresh; do
   mkdir "$work/$v"
   cp "$src/kernel_avx2.cpp" "$src/store_sums.inc" "$src/avx2_sum.h" "$work/$v/"
   for f in kernel_blocks.inc kernel_q_blocks.inc kernel_q_avx2.cpp; do
-    if [[ $v == base ]]; then
+    if [[ $v == base && " $measured " == *" $f "* ]]; then
       git -C "$root" show "$rev:edgespec/kernels/native/$f" >"$work/$v/$f"
     else
       cp "$src/$f" "$work/$v/"

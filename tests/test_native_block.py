@@ -101,19 +101,38 @@ def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_pat
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
-def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
-    target = load_target(tiny_models.path(layers=2), dtype="float32")
-    ids = [(3 * i + 1) % 200 + 4 for i in range(30)]
+def _rows_alone_and_together(target, n: int) -> None:
+    ids = [(3 * i + 1) % 200 + 4 for i in range(20 + n)]
     whole_cache, one_cache = target.make_cache(), target.make_cache()
     for c in (whole_cache, one_cache):
         target.score(ids[:20], c)
         c.commit()
     # hidden states: the LM head may take the BLAS for one row and the kernel for eight
-    whole = target.score(ids[20:28], whole_cache, head=False).hidden
-    for i in range(8):
+    whole = target.score(ids[20 : 20 + n], whole_cache, head=False).hidden
+    for i in range(n):
         row = target.score(ids[20 + i : 21 + i], one_cache, head=False).hidden
         one_cache.commit()
         assert mx.array_equal(row[0], whole[i]).item(), i
+
+
+def test_a_row_does_not_depend_on_the_rows_with_it(mod, tiny_models):
+    _rows_alone_and_together(load_target(tiny_models.path(layers=2), dtype="float32"), 8)
+
+
+def test_a_quantized_row_does_not_depend_on_the_rows_with_it(mod, tiny_models, tmp_path):
+    """12 rows: the quantized products dequantize a chunk for the float kernel (from 9 rows;
+    33 with the buffer), one row takes the one-row blocks: the same bits, buffered or not."""
+    from .test_qmatmul import _quantized_copy
+
+    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"), dtype="auto")
+    assert target.model.native_blocks()
+    before = mod.buffered_dequantization()
+    try:
+        for on in (False, True):
+            mod.set_buffered_dequantization(on)
+            _rows_alone_and_together(target, 12)
+    finally:
+        mod.set_buffered_dequantization(before)
 
 
 def test_a_held_cache_array_keeps_its_rows(mod, tiny_models):

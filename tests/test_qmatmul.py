@@ -49,6 +49,9 @@ def _close(y, x, q, group_size, bits):
        groups=st.integers(1, 12), group_size=st.sampled_from([32, 64, 128]),
        bits=st.sampled_from([4, 8]), seed=st.integers(0, 2**31 - 1))
 def test_kernel_equals_twin(mod, m, n, groups, group_size, bits, seed):  # noqa: F811
+    """Within tolerance of the twin on every ISA, and the first and last rows have the bits
+    they get alone (every path: one row, 4-row blocks, a chunk dequantized for the float
+    kernel from 9 rows)."""
     rng = np.random.default_rng(seed)
     k = groups * group_size
     q = _quantized(rng, n, k, group_size, bits)
@@ -57,9 +60,32 @@ def test_kernel_equals_twin(mod, m, n, groups, group_size, bits, seed):  # noqa:
     try:
         for isa in _isas(mod):
             mod.set_isa(isa)
-            _close(quantized_small_matmul_native(x, *q, group_size, bits), x, q, group_size, bits)
+            y = quantized_small_matmul_native(x, *q, group_size, bits)
+            _close(y, x, q, group_size, bits)
+            for r in {0, m - 1}:
+                alone = quantized_small_matmul_native(x[r : r + 1], *q, group_size, bits)
+                assert mx.array_equal(alone, y[r : r + 1]).item(), (isa, r)
     finally:
         mod.set_isa(before)
+
+
+def test_views_of_larger_buffers_read_the_same(mod):  # noqa: F811
+    """Weights as row ranges of larger arrays (as targets/weight_arena places them: taken as
+    they are, not copied) and as strided views (copied first) give the products of copies."""
+    rng = np.random.default_rng(7)
+    q = _quantized(rng, 300, 256, 32, 8)
+    x = mx.array(rng.standard_normal((12, 256), dtype=np.float32))
+    want = quantized_small_matmul_native(x, *q, 32, 8)
+    padded = [mx.concatenate([mx.zeros((5, a.shape[1]), a.dtype), a,
+                              mx.zeros((7, a.shape[1]), a.dtype)]) for a in q]
+    mx.eval(padded)
+    rows = [a[5:305] for a in padded]
+    wide = [mx.concatenate([a, a], axis=1) for a in q]
+    mx.eval(rows, wide)
+    strided = [a[:, : a.shape[1] // 2] for a in wide]
+    for views in (rows, strided):
+        assert mx.array_equal(quantized_small_matmul_native(x, *views, 32, 8), want).item()
+        assert mx.array_equal(quantized_small_matmul_native(x[:1], *views, 32, 8), want[:1]).item()
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -132,9 +158,9 @@ def _isas(mod):
 def test_both_isas_rows_invariant_and_threaded(mod):  # noqa: F811
     """Every ISA, with the weights dequantized per 4-row block and once for all rows (the
     default on Intel CPUs): within tolerance of the twin, and a row alone has its bits in a
-    batch of 18 (from 9 rows per-4-row dequantization gives way to the chunk's float weights
-    and the float kernel; buffered, the buffered path), of 7 (a ragged last block), of 9, and
-    of 80 (the float kernel on both settings, over two slabs of x's rows)."""
+    batch of 7 (a ragged last block), of 9 and 18 (unbuffered: a chunk dequantized for the
+    float kernel; buffered: the buffered path) and of 80 (the float kernel either way, over two
+    slabs of x's rows)."""
     rng = np.random.default_rng(1)
     before, buffered = mod.isa(), mod.buffered_dequantization()
     try:

@@ -99,15 +99,17 @@ def use_native_block() -> bool:
     return native_enabled() and metal_kernels() == "off"
 
 
-def prefill_chunk() -> int:
-    """Tokens a prefill scores at a time (``engine.py``). Where the native decoder block runs
-    (the CPU), ``SMALL_M_MAX``: each chunk then goes through it (one op a layer, the chunk's
-    products on the native kernels, its attention on the tree attention) instead of MLX's
-    ops and BLAS. On the AMD EPYC VM (2 cores, OpenBLAS), the median prefill of 8 MT-bench
-    prompts (52-87 tokens): float32 330 -> 161 ms, 8-bit 236 -> 183, 4-bit 233 -> 187 (chunks
-    of 16: 188, 191, 198); a 400-token prompt: float32 1.5-1.8 -> 1.0-1.1 s, 8-bit 1.5-1.8 ->
-    1.0 s. Elsewhere 512."""
-    return SMALL_M_MAX if on_cpu() and use_native_block() else 512
+def prefill_chunk(native_blocks: bool) -> int:
+    """Tokens a prefill scores at a time (``engine.py``). Where every block of the model runs
+    small forwards as one native operation (``native_blocks``: ``Decoder.native_blocks``) and
+    the native block is in use (the CPU), ``SMALL_M_MAX``: each chunk then goes through it (the
+    chunk's products on the native kernels, its attention on the tree attention) instead of
+    MLX's ops and BLAS. On the AMD EPYC VM (2 cores, OpenBLAS), the median prefill of 8
+    MT-bench prompts (52-87 tokens) of the demo model: float32 330 -> 161 ms, 8-bit 236 -> 183,
+    4-bit 233 -> 187 (chunks of 16: 188, 191, 198); a 400-token prompt: float32 1.5-1.8 ->
+    1.0-1.1 s, 8-bit 1.5-1.8 -> 1.0 s. Otherwise 512 (models whose blocks have no native form,
+    e.g. Gemma's or q/k-normed ones, were not measured with smaller chunks)."""
+    return SMALL_M_MAX if native_blocks and on_cpu() and use_native_block() else 512
 
 
 def use_small_matmul(m: int, n: int, k: int) -> bool:
@@ -145,7 +147,8 @@ def native_summary() -> str:
           "on: x rounded to int8 per 32 values" if use_q8_activations(4) else
           f"asked ({Q8_ENV}=1) but no AVX-512 VNNI code here: float x")
     unpack = ("once for all rows" if mod.buffered_dequantization() else "per 4 rows")
-    unpack += f", from {mod.dequantized_gemm_rows()} rows once a chunk for the float kernel"
+    if not use_q8_activations(4):  # the int8 form has no float-kernel path
+        unpack += f", from {mod.dequantized_gemm_rows()} rows once a chunk for the float kernel"
     return (f"active: small_matmul (x @ w.T, 1..{SMALL_M_MAX} rows, >= {MIN_WORK:,} multiply-adds)"
             f", quantized_small_matmul (4/8-bit; int8 activations {q8}; weights unpacked {unpack}),"
             f" tree_attention (<= 64 nodes), rms_norm, "

@@ -149,6 +149,12 @@ class FusedBlock:
         mx.eval([lin[n] for lin in (*qkv, *gu) for n in names])
         return cls(block, w, views, quant)
 
+    def native_ready(self) -> bool:
+        """Whether small forwards of this block run as one native operation: it has the native
+        form and float32 weights (or scales), so float32 activations."""
+        w = self.w["wqkv"]
+        return self.native_args is not None and (w[1] if isinstance(w, tuple) else w).dtype == mx.float32
+
     def streamed(self) -> list[mx.array]:
         """The weights a forward streams, in the order it reads them (a quantized weight as
         its packed weight, scales and biases)."""

@@ -127,6 +127,10 @@ class Decoder(nn.Module):
             self.huge_page_bytes = sum(advise_huge_pages(a) for a in streamed)
         return fused
 
+    def native_blocks(self) -> bool:
+        """Whether every block runs small forwards as one native operation."""
+        return all(getattr(b, "native_ready", lambda: False)() for b in self.model.layers)
+
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)
         return linear(self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head, h)

@@ -181,6 +181,10 @@ class PreNormBlock(nn.Module):
         self._fused = FusedBlock.build(self)
         return self._fused is not None
 
+    def native_ready(self) -> bool:
+        """Whether small forwards run as one native operation (``FusedBlock.native_ready``)."""
+        return self._fused is not None and self._fused.native_ready()
+
     def streamed(self) -> list[mx.array]:
         """The fused weights a forward streams, in reading order (none when not fused)."""
         return self._fused.streamed() if self._fused is not None else []

@@ -159,6 +159,8 @@ int main(int argc, char** argv) {
     const size_t h = v.size() / 2;
     return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
   };
-  std::printf("%3ld rows, %2d-bit: base %6.2f ms  new %6.2f ms  new/base %.3f (new faster in %d of %d rounds)\n",
-              static_cast<long>(M), bits, median(t[0]), median(t[1]), median(ratio), faster, rounds);
+  std::printf("%3ld rows, %2d-bit: base %6.2f ms  new %6.2f ms  new/base %.3f "
+              "(new faster in %d of %d rounds)\n",
+              static_cast<long>(M), bits, median(t[0]), median(t[1]), median(ratio), faster,
+              rounds);
 }

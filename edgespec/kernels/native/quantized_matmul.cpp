@@ -81,8 +81,6 @@ struct QJob {
   int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
   bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
-  bool buffered;  // more than 4 rows: dequantize each column block once (kernel_q.h's buf)
-  bool gemm;      // dequantized_gemm_rows() or more: each chunk dequantized, then the float kernel
   const int8_t *xe, *xo;
   const float *dl, *xs;
   int64_t ldxq, ldd, ldxs;
@@ -94,6 +92,9 @@ struct QJob {
   int64_t ldg;
   float* y;
   int64_t ldy, M, N, K, gs, rows;
+  // Set by run_qjob: more than 4 rows, dequantize each column block once (kernel_q.h's buf);
+  // dequantized_gemm_rows() or more, each chunk dequantized, then the float kernel.
+  bool buffered = false, gemm = false;
 };
 
 void run_qchunk(void* ctx, int64_t chunk) {
@@ -107,8 +108,8 @@ void run_qchunk(void* ctx, int64_t chunk) {
     // The chunk's float weights (~128 KB) stay in L2 while the float kernel runs every block
     // of kSlab rows of x against them.
     constexpr int64_t kSlab = 64;
-    thread_local std::vector<float> chunk;
-    float* wf = aligned_room(chunk, (n1 - n0) * j.K);
+    thread_local std::vector<float> weights;
+    float* wf = aligned_room(weights, (n1 - n0) * j.K);
     (j.isa == 2 ? qdequantize_avx512 : qdequantize_avx2)(j.bits, j.wq, j.ldq, j.s, j.b, j.ldg,
                                                          j.K, j.gs, n0, n1, wf, j.K);
     const RowsFn rows = j.isa == 2 ? rows_avx512 : rows_avx2;
@@ -244,8 +245,8 @@ void run_qjob(QJob job) {
 void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
                             int64_t K, int group_size, int bits, bool q8) {
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, false, false, nullptr, nullptr,
-           nullptr, nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr, nullptr,
+           nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
            K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
   run_qjob(job);
 }
@@ -291,8 +292,8 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, false, false, nullptr, nullptr,
-           nullptr, nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
+  QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr, nullptr,
+           nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
