@@ -1,8 +1,8 @@
 """Where does a target forward's time go? 1/2/4/8/16-token forwards of a model, split.
 
-Usage: python scripts/forward_profile.py [MODEL] [ROUNDS] [ab|-] [DTYPE] — after a 128-token context, times
-the whole forward (body + LM head), the body alone and the LM head alone for N = 1, 2, 4, 8, 16
-tokens. The sizes are interleaved round by round, so slow drift on a shared machine affects
+Usage: python scripts/forward_profile.py [MODEL] [ROUNDS] [ab|-] [DTYPE] — after a 128-token
+context, times the whole forward (body + LM head), the body alone and the LM head alone for N =
+1, 2, 4, 8, 16 tokens. The sizes are interleaved round by round, so slow drift on a shared machine affects
 all of them alike; medians and minima over the rounds are printed. With ``ab``, every case is
 timed with the native kernels on and off (``kernels/backend.set_native_enabled``), the two
 paired within the round and their order alternating from round to round; the table then has a

@@ -8,13 +8,17 @@
 # without the Intel default's buffer; x as it is, not de-interleaved, which changes no timing);
 # REV gives kernel_q_blocks.inc and kernel_q_avx2.cpp (which sets its block shapes). Every other
 # file (store_sums.inc, avx2_sum.h, pool.cpp, the other kernel's) is the working tree's.
-#   scripts/kernel_ab.sh REV [ROWS,ROWS,...] [ROUNDS] [BITS]   e.g. scripts/kernel_ab.sh HEAD~1 1,4 11 8
+#   scripts/kernel_ab.sh REV [ROWS,ROWS,...] [ROUNDS] [BITS]
+#   e.g. scripts/kernel_ab.sh HEAD~1 1,4 11 8
 set -euo pipefail
 rev=${1:?usage: scripts/kernel_ab.sh REV [ROWS,...] [ROUNDS] [BITS]}
 rows=${2:-8,16}
 rounds=${3:-15}
 bits=${4:-32}
-case $bits in 32 | 8 | 4) ;; *) echo "kernel_ab: BITS must be 32, 8 or 4, not $bits" >&2; exit 2 ;; esac
+case $bits in
+  32 | 8 | 4) ;;
+  *) echo "kernel_ab: BITS must be 32, 8 or 4, not $bits" >&2; exit 2 ;;
+esac
 root=$(git rev-parse --show-toplevel)
 src=$root/edgespec/kernels/native
 work=$(mktemp -d)
@@ -22,7 +26,8 @@ trap 'rm -rf "$work"' EXIT
 # Each variant is the module's own kernel_avx2.cpp and kernel_q_avx2.cpp in a folder of its own
 # (their quoted includes resolve there), the namespace renamed so that both link into one program.
 cxx=${CXX:-g++}
-measured=$([[ $bits == 32 ]] && echo "kernel_blocks.inc" || echo "kernel_q_blocks.inc kernel_q_avx2.cpp")
+measured="kernel_q_blocks.inc kernel_q_avx2.cpp"  # REV's files
+[[ $bits == 32 ]] && measured=kernel_blocks.inc
 for v in base fresh; do
   mkdir "$work/$v"
   cp "$src/kernel_avx2.cpp" "$src/store_sums.inc" "$src/avx2_sum.h" "$work/$v/"
@@ -41,6 +46,6 @@ done
 cp "$src/pool.h" "$src/pool.cpp" "$work/"
 "$cxx" -O3 -std=c++20 -I"$work" "$root/scripts/kernel_ab/main.cpp" "$work/pool.cpp" \
   "$work"/base-*.o "$work"/fresh-*.o -o "$work/ab" -lpthread
-what=$([[ $bits == 32 ]] && echo kernel_blocks.inc || echo "kernel_q_blocks.inc + kernel_q_avx2.cpp")
-echo "$what at $rev (base) against the working tree (new), $bits-bit; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+echo "${measured// / + } at $rev (base) against the working tree (new), $bits-bit; $cpu"
 for m in ${rows//,/ }; do "$work/ab" "$m" "$rounds" "$bits"; done

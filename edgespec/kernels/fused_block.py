@@ -153,7 +153,8 @@ class FusedBlock:
         """Whether small forwards of this block run as one native operation: it has the native
         form and float32 weights (or scales), so float32 activations."""
         w = self.w["wqkv"]
-        return self.native_args is not None and (w[1] if isinstance(w, tuple) else w).dtype == mx.float32
+        floats = w[1] if isinstance(w, tuple) else w  # the scales of a quantized weight
+        return self.native_args is not None and floats.dtype == mx.float32
 
     def streamed(self) -> list[mx.array]:
         """The weights a forward streams, in the order it reads them (a quantized weight as
