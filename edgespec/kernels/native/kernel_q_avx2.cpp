@@ -17,8 +17,12 @@
 namespace edgespec_native {
 namespace {
 
+inline __m256 deq_lanes(__m256i q, __m256 s, __m256 b) {  // fma(q, scale, bias), q in 32-bit lanes
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s, b);
+}
+
 inline __m256 deq8(__m128i bytes, __m256 s, __m256 b) {  // the low 8 bytes
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), s, b);
+  return deq_lanes(_mm256_cvtepu8_epi32(bytes), s, b);
 }
 
 template <int BITS>
@@ -46,15 +50,15 @@ struct Deq<4> : GroupScale {
   // give part 0's and part 1's vectors, the same values in step's order; fewer operations
   // than two steps (no 16-byte mask and shift, no unpack of the high half).
   inline void whole(const uint8_t* row, int64_t k, __m256* w) const {
-    const uint8_t* p = row + k / 2;
-    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i hi =
+    const uint8_t* p = row + k / 2;  // bytes 0-7 and 8-15, one byte a 32-bit lane
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i c =
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
     const __m256i m = _mm256_set1_epi32(15);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo, m)), s, b);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi, m)), s, b);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4)), s, b);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4)), s, b);
+    w[0] = deq_lanes(_mm256_and_si256(a, m), s, b);  // part 0: the low nibbles
+    w[1] = deq_lanes(_mm256_and_si256(c, m), s, b);
+    w[2] = deq_lanes(_mm256_srli_epi32(a, 4), s, b);  // part 1: the high nibbles
+    w[3] = deq_lanes(_mm256_srli_epi32(c, 4), s, b);
   }
 };
 
