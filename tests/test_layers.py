@@ -4,7 +4,7 @@ The picture (``docs/architecture.md``), bottom to top:
 
     0  errors, config                        (no mlx)
     1  loading/, tree, sampling, cache, stream_text, prompt, stats
-    2  kernels/, verify
+    2  kernels/, verify, rules (per-node transforms of the target's logits)
     3  targets/, heads/ (trained drafting heads: EAGLE-3, Medusa, their formats)
     4  drafters/
     5  engine, options (what each surface takes from the config classes), worker (the one
@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgespec"
 LAYERS = {
     "errors": 0, "config": 0,
     "loading": 1, "tree": 1, "sampling": 1, "cache": 1, "stream_text": 1, "prompt": 1, "stats": 1,
-    "kernels": 2, "verify": 2,
+    "kernels": 2, "verify": 2, "rules": 2,
     "targets": 3, "heads": 3,
     "drafters": 4,
     "engine": 5, "options": 5, "worker": 5, "training": 5,
