@@ -26,20 +26,23 @@ from pathlib import Path
 import mlx.core as mx
 from tqdm import tqdm
 
+from .bench_rows import generate_row, row_fields, valid_answer
 from .config import GenerationConfig, SamplingConfig
 from .drafters import load_draft, make_drafter, registry
 from .engine import Engine
 from .errors import ConfigError
 from .loading._blas import blas_info
+from .prompt import encode_prediction
 from .stats import format_metric
 from .targets import Target
 
 BASELINE = "none"
 WARMUP_TOKENS = 16
-_STATS = ("generated_tokens", "target_forwards", "proposed", "accepted", "prefill_s",
-          "decode_s", "draft_s", "verify_s", "peak_memory_mb")
+_STATS = ("generated_tokens", "target_forwards", "proposed", "accepted", "forced", "prefill_s",
+          "decode_s", "draft_s", "verify_s", "peak_memory_mb", "accepted_prediction_tokens",
+          "rejected_prediction_tokens")
 _COLUMNS = ("prompts", "τ", "accepted", "tok/s", "speedup", "median", "exact",
-            "draft/verify/other %", "peak MB")
+            "draft/verify/other %", "peak MB", "prediction kept/rejected", "valid")
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,20 @@ class BenchPrompt:
     id: str | int  # the file's question_id, else the 1-based line number
     category: str
     text: str  # the first turn, sent as one user chat message
+    prediction: str | None = None  # predicted output: every method but the baseline drafts it
+    response_format: dict | None = None  # OpenAI's: every method, the baseline too, obeys it
+    suffix: str | None = None  # fill-in-the-middle: ``text`` is the prefix (raw, no chat)
 
 
 def load_prompts(path, limit: int | None = None) -> list[BenchPrompt]:
     """Read a jsonl prompt file (MT-bench layout: ``category``, ``turns``); the first turn is the prompt.
+
+    A row may also carry the editor workloads' fields: ``prediction`` (text: a predicted
+    output, drafted first by every method but the baseline, ``drafters/prediction.py``),
+    ``response_format`` (OpenAI's: every method runs under the grammar, ``grammar.py``) and
+    ``suffix`` (fill-in-the-middle: the first turn is the code before the hole, sent in the
+    model's own FIM format, ``fim.py``). A row with a field bench cannot run yet
+    (``bench_rows.REFUSED_FIELDS``) is refused with a ConfigError.
 
     ``limit`` keeps N prompts picked round-robin across categories (the first of each category,
     then the second of each, ...), so a small limit still covers every category; the picked
@@ -82,7 +95,8 @@ def _parse_prompt(line: str, where: str, lineno: int) -> BenchPrompt:
     if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
         raise ConfigError(f"{where}: needs \"turns\", a list whose first item is the prompt text; "
                           f"got {turns!r:.60}")
-    return BenchPrompt(obj.get("question_id", lineno), str(obj.get("category", "general")), turns[0])
+    return BenchPrompt(obj.get("question_id", lineno), str(obj.get("category", "general")),
+                       turns[0], **row_fields(obj, where))
 
 
 def _round_robin(prompts: list[BenchPrompt], limit: int) -> list[BenchPrompt]:
@@ -120,18 +134,26 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
     specs = {m: spec_for(m, shared) for m in [BASELINE, *method_names(methods)]}
     if not prompts:
         raise ConfigError("no prompts to benchmark; give a prompts file with at least one line")
+    if any(p.suffix is not None for p in prompts):
+        from .fim import require_format
+
+        require_format(target.tokenizer, target.name)  # a model without FIM tokens: say so now
     uses_draft = [m for m, s in specs.items() if registry.get(m).uses_draft(s.draft)]
     if uses_draft and draft_target is None:
         draft_target = load_draft(specs[uses_draft[0]].draft, target)
 
-    def engine_for(name: str) -> Engine:
+    def engine_for(name: str, prompt: BenchPrompt) -> Engine:
+        predicted = None
+        if prompt.prediction is not None and name != BASELINE:
+            predicted = encode_prediction(target.tokenizer, prompt.prediction)
         drafter = make_drafter(specs[name], target, sampling,
-                               draft=draft_target if name in uses_draft else None)
+                               draft=draft_target if name in uses_draft else None,
+                               prediction=predicted)
         return Engine(target, drafter, sampling)
 
     warmup = GenerationConfig(min(generation.max_tokens, WARMUP_TOKENS), generation.stop)
     for name in specs:  # warm-up: first-call allocations and lazy setup, not counted
-        engine_for(name).generate(_query(prompts[0], raw), generation=warmup)
+        generate_row(engine_for(name, prompts[0]), prompts[0], raw, warmup)
     rows = _run_all(engine_for, list(specs), prompts, generation, sampling.greedy, progress, raw)
     report = summarize(rows)
     report["env"] = environment(target, max_tokens=generation.max_tokens, num_prompts=len(prompts),
@@ -154,10 +176,6 @@ def method_names(methods) -> list[str]:
     return [m for m in dict.fromkeys(names) if m != BASELINE]
 
 
-def _query(prompt: BenchPrompt, raw: bool) -> str | list[dict]:
-    return prompt.text if raw else [{"role": "user", "content": prompt.text}]
-
-
 def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
              generation: GenerationConfig, greedy: bool, progress: bool,
              raw: bool = False) -> list[dict]:
@@ -169,12 +187,13 @@ def _run_all(engine_for, names: list[str], prompts: list[BenchPrompt],
             baseline_ids = None
             for name in names:
                 bar.set_postfix_str(f"{p.category} #{p.id} {name}")
-                result = engine_for(name).generate(_query(p, raw), generation=generation)
+                result = generate_row(engine_for(name, p), p, raw, generation)
                 baseline_ids = result.token_ids if name == BASELINE else baseline_ids
                 row = {"prompt": i, "id": p.id, "category": p.category, "method": name}
                 stats = asdict(result.stats)
                 row.update({k: stats[k] for k in _STATS})
                 row["exact"] = result.token_ids == baseline_ids if greedy else None
+                row["valid"] = valid_answer(result.text, p.response_format)
                 row["finish_reason"] = result.finish_reason
                 rows.append(row)
                 bar.update()
@@ -200,22 +219,27 @@ def summarize(rows: list[dict]) -> dict:
 
 def _pool(rows: list[dict], base: dict[int, dict]) -> dict:
     """Pooled numbers for one method over ``rows``, against the baseline rows of the same prompts."""
-    total = {k: sum(r[k] for r in rows) for k in _STATS if k != "peak_memory_mb"}
+    total = {k: sum(r.get(k, 0) for r in rows) for k in _STATS if k != "peak_memory_mb"}
     ref = [base[r["prompt"]] for r in rows]
     tps = _ratio(total["generated_tokens"], total["decode_s"])
     base_tps = _ratio(sum(b["generated_tokens"] for b in ref), sum(b["decode_s"] for b in ref))
     per_prompt = [s for r, b in zip(rows, ref) if (s := _ratio(_tps(r), _tps(b))) is not None]
     exact = [r["exact"] for r in rows]
+    valid = [r["valid"] for r in rows if r.get("valid") is not None]
     other = max(0.0, total["decode_s"] - total["draft_s"] - total["verify_s"])
     return {
         "prompts": len(rows),
         "tokens": total["generated_tokens"],
         "tau": _round(_ratio(total["generated_tokens"], total["target_forwards"]), 3),
         "acceptance_rate": _round(_ratio(total["accepted"], total["proposed"]), 3),
+        "forced": total["forced"],  # a grammar's forced tokens (not in the acceptance rate)
         "tokens_per_s": _round(tps, 2),
         "speedup": _round(_ratio(tps, base_tps), 3),
         "median_speedup": _round(statistics.median(per_prompt), 3) if per_prompt else None,
         "exact_match": None if None in exact else f"{sum(exact)}/{len(exact)}",
+        "accepted_prediction_tokens": total["accepted_prediction_tokens"],
+        "rejected_prediction_tokens": total["rejected_prediction_tokens"],
+        "valid": f"{sum(valid)}/{len(valid)}" if valid else None,
         "prefill_s": _round(total["prefill_s"], 3),
         "decode_s": _round(total["decode_s"], 3),
         "draft_s": _round(total["draft_s"], 3),
@@ -294,8 +318,11 @@ def _cells(s: dict) -> list[str]:
     split = ("—" if not decode else
              "/".join(f"{100 * s[k] / decode:.0f}" for k in ("draft_s", "verify_s", "other_s")))
     metric = [format_metric(k, s[k]) for k in ("tau", "acceptance_rate", "tokens_per_s", "speedup")]
+    kept, rejected = s.get("accepted_prediction_tokens"), s.get("rejected_prediction_tokens")
+    predicted = f"{kept}/{rejected}" if kept or rejected else "—"
     return [str(s["prompts"]), *metric, format_metric("speedup", s["median_speedup"]),
-            s["exact_match"] or "—", split, format_metric("peak_memory_mb", s["peak_memory_mb"])]
+            s["exact_match"] or "—", split, format_metric("peak_memory_mb", s["peak_memory_mb"]),
+            predicted, s.get("valid") or "—"]
 
 
 def format_report(report: dict):

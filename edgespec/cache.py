@@ -19,6 +19,12 @@ its buffer fills up the oldest entries are dropped in one slice, keeping ``windo
 them, so that a later ``trim`` of up to ``rollback`` tokens is still exact. A deeper trim raises
 :class:`CacheRollbackError` instead of silently attending to the wrong keys. Layers with the same
 window compact together, so they share one mask.
+
+**Shared layers.** ``sources[i]`` is the layer whose keys/values layer ``i`` attends to (Gemma 4:
+the last layers reuse an earlier layer's). A shared layer holds nothing of its own: it reads its
+source's entries (``read``), including the scratch rows the source wrote in the same forward,
+and its window and ``starts`` entry follow its source's. ``reserve``, ``commit`` and ``trim``
+act on the layers that own entries only, so a shared layer's view stays its source's, exactly.
 """
 
 from __future__ import annotations
@@ -35,11 +41,19 @@ _STEP = 256
 
 class KVCache:
     def __init__(self, num_layers: int, window: int | None | Sequence[int | None] = None,
-                 rollback: int = 64, gather=None):
+                 rollback: int = 64, gather=None, sources: Sequence[int] | None = None):
         windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
         if len(windows) != num_layers:
             raise ValueError(f"window has {len(windows)} entries for {num_layers} layers")
+        sources = list(range(num_layers)) if sources is None else list(sources)
+        if len(sources) != num_layers or any(
+                not 0 <= s <= i or sources[s] != s for i, s in enumerate(sources)):
+            raise ValueError(f"sources {sources} must name, per layer, itself or an earlier "
+                             "layer that owns its entries")
         self.num_layers = num_layers
+        self.sources: tuple[int, ...] = tuple(sources)
+        self.owners = [i for i, s in enumerate(sources) if s == i]
+        windows = [windows[s] for s in sources]  # a shared layer slides with its source
         self.windows: tuple[int | None, ...] = tuple(windows)
         self.rollback = rollback
         self.gather = gather  # (keys, values, first, path) -> the rows first + path[j]
@@ -60,7 +74,7 @@ class KVCache:
         return 0 if k is None else k.shape[2]
 
     def slots(self, layer: int) -> int:
-        """Committed entries held by ``layer``."""
+        """Committed entries held by ``layer`` (a shared layer: by its source)."""
         return self.offset - self.starts[layer]
 
     def key_positions(self, layer: int = 0) -> np.ndarray:
@@ -71,11 +85,15 @@ class KVCache:
         """Per layer, what its mask depends on: (window, start). Equal entries share one mask."""
         return list(zip(self.windows, self.starts))
 
-    def reserve(self, n: int) -> None:
+    def reserve(self, n: int, tree=None) -> None:
         """Make room for a forward over ``n`` new tokens; call it before building the mask,
-        since it may drop entries that left a sliding window (idempotent for the same ``n``)."""
+        since it may drop entries that left a sliding window (idempotent for the same ``n``).
+        ``tree``: the forward's DraftTree (a draft, which may be accepted in part), None for
+        tokens committed whole (a prefill chunk, a drafter's feed); attention reads the tree
+        from its mask, recurrent layers from the cache (``targets/state_cache.HybridCache``)."""
         self._scratch = n
-        for i, w in enumerate(self.windows):
+        for i in self.owners:
+            w = self.windows[i]
             drop = self.slots(i) - (w + self.rollback) if w is not None else 0
             if drop > 0 and self.slots(i) + n > w + self.rollback + _STEP:
                 self._compact(i, drop)
@@ -84,13 +102,16 @@ class KVCache:
         if self.keys[layer] is not None:  # scratch slots move too (see LowerLayers)
             self.keys[layer] = self.keys[layer][:, :, drop:, :]
             self.values[layer] = self.values[layer][:, :, drop:, :]
-        self.starts[layer] += drop
+        for j, s in enumerate(self.sources):  # the layer and those sharing its entries
+            if s == layer:
+                self.starts[j] += drop
 
     def write(self, layer: int, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Store a forward's keys/values (B, H_kv, N, D) in the scratch slots of ``layer``.
 
         Returns all keys/values the forward attends to: committed slots plus these N.
         """
+        assert self.sources[layer] == layer, f"layer {layer} shares layer {self.sources[layer]}'s"
         n = k.shape[2]
         a = self.slots(layer)
         b = a + n
@@ -99,6 +120,13 @@ class KVCache:
         self.keys[layer][..., a:b, :] = k
         self.values[layer][..., a:b, :] = v
         return self.keys[layer][..., :b, :], self.values[layer][..., :b, :]
+
+    def read(self, layer: int, n: int) -> tuple[mx.array, mx.array]:
+        """What shared layer ``layer`` attends to in a forward over ``n`` tokens: its source's
+        committed entries plus the ``n`` scratch rows the source wrote earlier in this forward."""
+        s = self.sources[layer]
+        b = self.slots(s) + n
+        return self.keys[s][..., :b, :], self.values[s][..., :b, :]
 
     def write_buffers(self, layer: int, n: int, heads: int, dim: int,
                       dtype=mx.float32) -> tuple[mx.array, mx.array, int]:
@@ -130,7 +158,7 @@ class KVCache:
         """Keep scratch nodes ``path`` (default: all of them, in order) as committed tokens."""
         n = self._scratch if path is None else len(path)
         if path is not None and path != list(range(n)):
-            for i in range(self.num_layers):
+            for i in self.owners:
                 a = self.slots(i)
                 if self.gather is not None:
                     k, v = self.gather(self.keys[i], self.values[i], a, path)
@@ -148,7 +176,8 @@ class KVCache:
             return
         if n > self.offset:
             raise CacheRollbackError(f"cannot trim {n} tokens from a cache holding {self.offset}")
-        for i, w in enumerate(self.windows):
+        for i in self.owners:
+            w = self.windows[i]
             # the next query (position offset - n) needs keys from offset - n - w + 1 on
             if w is not None and self.starts[i] > 0 and self.slots(i) - n < w - 1:
                 raise CacheRollbackError(
@@ -156,6 +185,21 @@ class KVCache:
                     f"window were dropped (at most {self.slots(i) - w + 1} can be rolled back); "
                     f"raise rollback above {n}")
         self.offset -= n
+
+    def pin(self) -> None:
+        """Keep ``trim`` able to return to the current offset until the next ``pin`` (the engine
+        pins the end of a prompt for the next request's prefix reuse). Nothing to do here: a KV
+        cache returns to any offset it holds; ``HybridCache`` keeps a recurrent state for it."""
+
+    def hold(self) -> None:
+        """Keep ``trim`` able to return to every commit from the current offset on until the
+        next ``hold`` (the start of a run of single-token commits that its owner trims back
+        into). Nothing to do here, as for ``pin``."""
+
+    def reachable(self, offset: int) -> int:
+        """The largest offset <= ``offset`` that ``trim`` can return to (a KV cache: ``offset``
+        itself; a sliding window's limit is reported by ``trim``)."""
+        return offset
 
     def state(self) -> list[mx.array]:
         """Arrays to evaluate so that pending writes are materialised."""

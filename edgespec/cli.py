@@ -80,15 +80,37 @@ def main() -> None:
     """edgespec: speculative decoding for local LLMs on MLX — faster, same output."""
 
 
-def load_engine(c: options.Configs, method_named: bool = True):
+def load_engine(c: options.Configs, method_named: bool = True, prediction: str | None = None):
     """The engine for ``c``; unless ``method_named``, its method is the interactive default for
     the loaded model (``options.method_for_model``: an EAGLE-3 head or the corpus where one is
-    found)."""
+    found). ``prediction``: a predicted output's text, drafted first (``--prediction``)."""
     from . import Engine, load_target, make_drafter
+    from .prompt import encode_prediction
 
     target = load_target(c.model.model, dtype=c.model.dtype)
     spec = options.method_for_model(c.spec, method_named, target)
-    return Engine(target, make_drafter(spec, target, c.sampling), c.sampling)
+    predicted = None if prediction is None else encode_prediction(target.tokenizer, prediction)
+    return Engine(target, make_drafter(spec, target, c.sampling, prediction=predicted), c.sampling)
+
+
+def _read_text(path: str, flag: str) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise EdgespecError(f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _schema_grammar(path: str):
+    """The grammar of ``--json-schema FILE`` (checked before the model loads)."""
+    from .grammar import Grammar
+
+    try:
+        schema = json.loads(_read_text(path, "--json-schema"))
+    except json.JSONDecodeError as e:
+        raise EdgespecError(f"--json-schema {path} is not JSON: {e}") from None
+    return Grammar.json_schema(schema, True, f"--json-schema {path}")
 
 
 @main.command()
@@ -96,27 +118,74 @@ def load_engine(c: options.Configs, method_named: bool = True):
 @click.option("--system", default=None, help="system message")
 @click.option("--raw", is_flag=True, help="send the prompt as raw text, not as a chat message")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object with text, token_ids, stats")
+@click.option("--prediction", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="predicted output: a file the answer is expected to mostly repeat (the file "
+                   "an edit rewrites); drafted first, same output")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="structured output: a JSON schema file the answer must validate "
+                                 "against (enforced by a grammar, strict; same output any method)")
+@click.option("--logprobs", type=int, default=None,
+              help="with --json: each token's log-probability under the model's raw "
+                   "distribution and its N (0-20) likeliest alternatives")
+@click.option("--suffix", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="fill in the middle: a file with the code after the hole; PROMPT is the code "
+                   "before it (raw text), in the model's own FIM format")
 @click.argument("prompt")
 @guarded
-def generate(prompt, system, raw, as_json, **kw):
-    """Generate a reply to PROMPT (as a chat message unless --raw)."""
+def generate(prompt, system, raw, as_json, prediction, json_schema, logprobs, suffix, **kw):
+    """Generate a reply to PROMPT (as a chat message unless --raw or --suffix)."""
     c = options.configs("generate", kw)
     if not prompt.strip():
         raise EdgespecError("the prompt is empty; give some text")
-    engine = load_engine(c, method_named="method" in options.given("generate", kw))
+    if logprobs is not None and not as_json:
+        raise EdgespecError("--logprobs goes with --json (the values are printed in its object)")
+    if suffix is not None and system:
+        raise EdgespecError("--system does not go with --suffix: a fill-in-the-middle prompt is "
+                            "raw code (PROMPT before the hole, the file after it), no chat turn")
+    from .logprobs import check_top
+
+    check_top(logprobs, "--logprobs")
+    predicted = _read_text(prediction, "--prediction") if prediction is not None else None
+    grammar = _schema_grammar(json_schema) if json_schema is not None else None
+    if grammar is not None:
+        from .grammar import check_stop
+        check_stop(grammar, c.generation.stop, "--stop")
+    engine = load_engine(c, method_named="method" in options.given("generate", kw),
+                         prediction=predicted)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     query = prompt if raw else messages
+    if suffix is not None:
+        query, c = _fim_query(engine, prompt, _read_text(suffix, "--suffix"), c)
+    rules = None
+    if grammar is not None:
+        from .grammar import GrammarRule
+        rules = GrammarRule(grammar, engine.target.tokenizer)
     if as_json:
-        res = engine.generate(query, generation=c.generation)
+        res = engine.generate(query, generation=c.generation, rules=rules, logprobs=logprobs)
         out = {"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                "method": engine.method, "stats": res.stats.as_dict()}
+        if res.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": lp.top}
+                               for lp in res.logprobs]
         click.echo(json.dumps(out))
         return
-    for step in engine.stream(query, generation=c.generation):
+    for step in engine.stream(query, generation=c.generation, rules=rules):
         click.echo(step.text, nl=False)
     click.echo()
     click.echo(engine.last_stats.summary(), err=True)
+
+
+def _fim_query(engine, prefix: str, suffix: str, c):
+    """The FIM prompt's ids (``fim.py``) and the configs stopping where the middle ends."""
+    from dataclasses import replace
+
+    from .fim import encode_fim, fim_format
+
+    ids = encode_fim(engine.target.tokenizer, prefix, suffix, engine.target.name)
+    stop = fim_format(engine.target.tokenizer).stop
+    return ids, (c._replace(generation=replace(c.generation, stop=c.generation.stop + stop))
+                 if stop else c)
 
 
 @main.command()

@@ -47,6 +47,15 @@ class SamplingConfig:
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass in (0, 1]; 1 = off"})
     min_p: float = field(default=0.0, metadata={"help": "drop tokens below min_p × the top probability; 0 = off"})
     seed: int | None = field(default=None, metadata={"help": "random seed for reproducible sampling"})
+    frequency_penalty: float = field(default=0.0, metadata={
+        "help": "subtract this times a token's count in the generated text from its logit "
+                "(OpenAI's definition), in [-2, 2]; 0 = off"})
+    presence_penalty: float = field(default=0.0, metadata={
+        "help": "subtract this from the logit of every token already generated (OpenAI's "
+                "definition), in [-2, 2]; 0 = off"})
+    repetition_penalty: float = field(default=1.0, metadata={
+        "help": "divide positive logits (multiply negative ones) of tokens in the prompt or "
+                "the generated text by this (HF / llama.cpp definition), in (0, 10]; 1 = off"})
 
     def __post_init__(self) -> None:
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
@@ -57,6 +66,12 @@ class SamplingConfig:
         seed = self.seed
         _check(seed is None or (_is_int(seed) and 0 <= seed < 2**63),
                f"seed must be an integer in [0, 2**63) or None, got {seed!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            _check(_is_number(v) and -2.0 <= v <= 2.0, f"{name} must be a number in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        _check(_is_number(r) and 0.0 < r <= 10.0,
+               f"repetition_penalty must be a number in (0, 10] (1 = off), got {r!r}")
 
     @property
     def greedy(self) -> bool:
@@ -131,7 +146,9 @@ class GenerationConfig:
     """When generation stops."""
 
     max_tokens: int = field(default=256, metadata={"help": "maximum number of new tokens"})
-    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop strings (not included in the output)"})
+    stop: tuple[str, ...] = field(default=(), metadata={
+        "help": "stop strings (not included in the output); not with structured output (a JSON "
+                "response format or schema, a required tool call), which ends where complete"})
 
     def __post_init__(self) -> None:
         n = self.max_tokens

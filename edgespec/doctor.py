@@ -42,6 +42,7 @@ from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
 from .targets import load
+from .targets.experts import expert_shares
 from .targets.weight_arena import huge_pages_wanted
 
 _CONTEXT, _ROUNDS = 128, 15
@@ -105,29 +106,41 @@ def decode_and_bandwidth(engine, rounds: int = _DECODE_ROUNDS) -> tuple[list[flo
 
 
 def streamed_bytes(target) -> int:
-    """Bytes of the weights one decoding step reads whole: all but an untied embedding table."""
+    """Bytes of the weights one decoding step reads: all but an untied embedding table, and of
+    a mixture of experts' stacked experts the share one token's router picks (k of E)."""
     untied = not target.model.args.tie_word_embeddings
-    return sum(v.nbytes for k, v in tree_flatten(target.model.parameters())
-               if not (untied and k.startswith("model.embed_tokens.")))
+    shares = expert_shares(target.model)
+    return round(sum(v.nbytes * (_expert_share(k, shares) or 1.0)
+                     for k, v in tree_flatten(target.model.parameters())
+                     if not (untied and k.startswith("model.embed_tokens."))))
+
+
+def _expert_share(key: str, shares: dict[str, float]) -> float | None:
+    """The read share of parameter ``key`` when it belongs to stacked experts, else None."""
+    return next((s for prefix, s in shares.items() if key.startswith(prefix)), None)
 
 
 def multiply_adds_per_token(target) -> int:
     """Multiply-adds one token's forward does in the weights it streams (``streamed_bytes``'s
-    arrays, counted in weights: a packed quantized array holds 32 / bits per uint32)."""
+    arrays, counted in weights: a packed quantized array holds 32 / bits per uint32; stacked
+    experts (E, out, in) at the share one token's router picks)."""
     untied = not target.model.args.tie_word_embeddings
+    shares = expert_shares(target.model)
     bits = {}
     for name, module in target.model.named_modules():
         if hasattr(module, "bits") and hasattr(module, "group_size"):
             bits[f"{name}.weight" if name else "weight"] = module.bits
     total = 0
     for k, v in tree_flatten(target.model.parameters()):
-        if (untied and k.startswith("model.embed_tokens.")) or v.ndim != 2:
+        share = _expert_share(k, shares)
+        untied_table = untied and k.startswith("model.embed_tokens.")
+        if untied_table or v.ndim != (2 if share is None else 3):
             continue
         if k in bits:
-            total += v.size * 32 // bits[k]
+            total += v.size * 32 // bits[k] * (share or 1.0)
         elif k.endswith("weight"):
-            total += v.size
-    return total
+            total += v.size * (share or 1.0)
+    return round(total)
 
 
 _FMA_ROUNDS = 5
@@ -184,7 +197,17 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "fma_threads_ratio": None if rates is None else round(rates[2], 2),
         "kernel_threads": None if rates is None else rates[3],
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
+        "expert_read_share": _expert_read(target),
     }
+
+
+def _expert_read(target) -> dict[int, float] | None:
+    """Of a mixture of experts' expert weights, the share a forward over n tokens reads (uniform
+    routing), for the forward sizes measured; None for a dense model."""
+    if not expert_shares(target.model):
+        return None
+    return {n: round(statistics.mean(expert_shares(target.model, n).values()), 3)
+            for n in (1, 2, 4, 8, 16)}
 
 
 def format_findings(f: dict) -> str:
@@ -211,6 +234,11 @@ def format_findings(f: dict) -> str:
         f"(medians of {len(f['bandwidth_share_rounds'])} rounds taking turns; each round "
         f"{100 * min(f['bandwidth_share_rounds']):.0f}-{100 * max(f['bandwidth_share_rounds']):.0f}%)",
     ]
+    if f.get("expert_read_share"):
+        lines.append("experts    a forward over " + ", ".join(
+            f"{n} tok reads {100 * s:.0f}%" for n, s in f["expert_read_share"].items())
+            + " of the expert weights (uniform routing): a forward's cost grows with the "
+            "experts its rows pick; tree sizing measures this model's own verify-cost curve")
     if f["huge_page_mb"] is not None:
         lines.append(f"           {f['huge_page_mb']:.0f} of the {f['streamed_weights_mb']:.0f} MB on "
                      "huge pages, as the read's own array is (EDGESPEC_HUGE_PAGES=0 turns it off)")

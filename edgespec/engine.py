@@ -13,11 +13,18 @@ Phases of one step (named closures in ``Engine._decode``):
   4. ``commit``   the cache keeps the accepted path; the drafter learns the outcome
   5. ``emit``     new tokens -> text delta (in drafted / target runs), stop conditions, a Step
 
-Plain greedy decoding (no drafter, greedy, the CPU's accept) runs the same forwards pipelined,
-as mlx-lm does: step t+1's graph is built from step t's lazy argmax and started
+Under rules (``rules.py``: a grammar, the sampling config's penalties) the drafted tree is
+first shaped (``rule_tree.py``: forbidden drafts cut, forced tokens added), the target's rows
+are transformed per node before ``accept`` (sampled drafts' q conditioned on what the rules
+allow), the drafter is told the outcome on its own tree, and the rules commit the new tokens
+(finished rules end the generation). ``logprobs`` come from the verifier's raw rows of the
+accepted path (``logprobs.py``), so drafting never changes them.
+
+Plain greedy decoding (no drafter, greedy, the CPU's accept, no rules) runs the same forwards
+pipelined, as mlx-lm does: step t+1's graph is built from step t's lazy argmax and started
 (``mx.async_eval``) before step t's token is read back, so building the graph, masks and
-bookkeeping (~3-5 ms a step on the dev VM) overlaps the forward. ``Engine(pipeline=False)`` runs
-the step loop instead (the tests check the two give the same tokens).
+bookkeeping (~3-5 ms a step on the dev VM) overlaps the forward. ``Engine(pipeline=False)``
+runs the step loop instead (the tests check the two give the same tokens and logprobs).
 
 The loop receives token ids: prompts are encoded (chat template included) up front by
 ``prompt.encode_prompt``, and the context window is checked once, by ``prompt.check_context``.
@@ -34,7 +41,11 @@ import mlx.core as mx
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
 from .errors import CacheRollbackError
+from .logprobs import TokenLogprob, check_top, token_logprobs
+from .penalties import penalties_for
 from .prompt import Prompt, check_context, encode_prompt, shared_prefix
+from .rule_tree import masked_q, shape, views
+from .rules import Rules
 from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
 from .sampling import make_rng
@@ -60,6 +71,7 @@ class Step:
     accepted: int  # how many of token_ids were drafted and accepted
     proposed: int  # how many tokens the drafter proposed this step
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" on the last step
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
 
     @property
     def text(self) -> str:
@@ -75,6 +87,13 @@ class Result:
     stats: Stats
     finish_reason: str = "length"  # "stop" | "length" | "cancelled"
     steps: list[Step] = field(default_factory=list, repr=False)
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """One per token, when the generation was asked for them (``logprobs=``)."""
+        if not self.steps or self.steps[0].logprobs is None:
+            return None
+        return [lp for s in self.steps for lp in s.logprobs]
 
     @classmethod
     def from_steps(cls, steps: list[Step], stats: Stats, finish_reason: str | None = None) -> Result:
@@ -134,25 +153,34 @@ class Engine:
 
     def stream(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
                generation: GenerationConfig | None = None,
-               sampling: SamplingConfig | None = None) -> Iterator[Step]:
+               sampling: SamplingConfig | None = None, rules: Rules | None = None,
+               logprobs: int | None = None) -> Iterator[Step]:
         """Generate for ``prompt`` (raw text, chat messages or token ids), yielding a Step per
         target forward.
 
         ``sampling`` overrides the engine's SamplingConfig for this call (the drafter gets the
         same one). ``engine.drafter`` may be replaced between calls; the KV cache of a shared
         prompt prefix is reused across calls unless ``reuse_prefix=False``.
+
+        ``rules`` transform the target's logits at every tree node (``rules.py``; the sampling
+        config's penalties are added in front of them); generation also ends ("stop") when they
+        are finished. ``logprobs=N`` (0..20) gives each Step the log-probability of its tokens
+        and the N likeliest alternatives (``logprobs.py``: the raw model distribution).
         """
+        check_top(logprobs)
         given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
         gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
         ids = self.encode(prompt)
         ctx = self.target.context_length
         check_context(ids, ctx, self.target.name)
         self._cancel = False
-        yield from self._decode(ids, min(gen.max_tokens, ctx - len(ids)), gen,
-                                sampling or self.sampling)
+        cfg = sampling or self.sampling
+        penalties = penalties_for(cfg)
+        ruled = Rules(([penalties] if penalties else []) + ([rules] if rules else []))
+        yield from self._decode(ids, min(gen.max_tokens, ctx - len(ids)), gen, cfg, ruled, logprobs)
 
     def _decode(self, ids: list[int], max_new: int, gen: GenerationConfig,
-                cfg: SamplingConfig) -> Iterator[Step]:
+                cfg: SamplingConfig, ruled: Rules, top: int | None) -> Iterator[Step]:
         target, drafter = self.target, self.drafter
         cache, start = self._reuse(ids)
         stats = self.last_stats = Stats(method=self.method, prompt_tokens=len(ids), cached_tokens=start)
@@ -177,6 +205,7 @@ class Engine:
                 mx.eval(cache.state(), *((out.hidden, *out.captured.values()) if keep else ()))
                 if keep:
                     outs.append(out)
+            cache.pin()  # the prompt's end: where a next request sharing the prompt resumes
             if drafter is not None:
                 if drafter.lower_layers:
                     drafter.use_lower_layers(lower)
@@ -191,9 +220,11 @@ class Engine:
             assert tree.tokens[0] == root, "drafter proposed a tree with the wrong root"
             return tree
 
-        def score(tree: DraftTree) -> TargetOutput:
+        def score(tree: DraftTree, drafted: DraftTree) -> TargetOutput:
             if lower is not None and lower.fed:
-                return lower.score(tree)  # the drafter ran the lower layers: the rest only
+                if tree is drafted:
+                    return lower.score(tree)  # the drafter ran the lower layers: the rest only
+                lower.drop()  # rules changed the fed chain: score the verified tree whole
             return target.score(tree, cache, capture=capture)
 
         t0 = time.perf_counter()
@@ -202,26 +233,47 @@ class Engine:
         root, done = ids[-1], 0
         seq = self._cache_seq = list(ids)  # the cache holds the KV of seq[:-1]
         t_start = time.perf_counter()
-        if drafter is None and cfg.greedy and self.pipeline and metal_kernels() == "off":
-            yield from self._plain_greedy(root, cache, max_new, stats, eos, text, seq, t_start)
+        ruled.reset(ids)
+        if (drafter is None and cfg.greedy and self.pipeline and metal_kernels() == "off"
+                and not ruled):
+            yield from self._plain_greedy(root, cache, max_new, stats, eos, text, seq, t_start,
+                                          top)
             return
         while True:
             t1 = time.perf_counter()
-            tree = propose(root, max_new - done - 1)
+            drafted = propose(root, max_new - done - 1)
+            shaped = None
+            if ruled and drafter is not None:  # cut, forced runs (plain decoding stays one node)
+                shaped = shape(drafted, ruled, max_new - done - 1)
+            tree = shaped.tree if shaped else drafted
             t2 = time.perf_counter()
-            out = score(tree)
-            acc, _ = accept(tree, out.logits, cfg, rng)
+            out = score(tree, drafted)
+            logits = ruled.apply(tree, out.logits) if ruled else out.logits
+            if ruled and tree.q is not None:
+                tree = masked_q(tree, logits)
+            acc, _ = accept(tree, logits, cfg, rng)
             t3 = time.perf_counter()
             cache.commit(acc.path)
             if drafter is not None:
-                drafter.update(acc, tree, out)
+                for seen in (views(shaped, acc, out) if shaped else [(acc, drafted, out)]):
+                    drafter.update(*seen)
             t4 = time.perf_counter()
             stats.draft_s += (t2 - t1) + (t4 - t3)
             stats.verify_s += t3 - t2
             stats.target_forwards += 1
-            stats.proposed += tree.num_drafted
-            stats.accepted += acc.num_accepted
-            step, used = self._emit(acc, tree, eos, text, max_new - done)
+            forced = shaped.forced(acc.path) if shaped else 0
+            stats.proposed += drafted.num_drafted  # the drafter's own (cut ones too)
+            stats.accepted += acc.num_accepted - forced
+            stats.forced += forced
+            if drafter is not None:
+                (stats.accepted_prediction_tokens,
+                 stats.rejected_prediction_tokens) = drafter.prediction_tokens()
+            lps = None if top is None else token_logprobs(
+                out.logits[mx.array(acc.path)], acc.tokens, top)
+            if ruled:
+                ruled.commit(_through_eos(acc.tokens, eos))
+            step, used = self._emit(acc, tree, eos, text, max_new - done,
+                                    bool(ruled) and ruled.finished(), lps)
             done += len(acc.tokens)
             stats.generated_tokens += used
             root = acc.tokens[-1]
@@ -233,17 +285,23 @@ class Engine:
                 return
 
     def _plain_greedy(self, root: int, cache, max_new: int, stats: Stats, eos,
-                      text: TextStream, seq: list[int], t_start: float) -> Iterator[Step]:
+                      text: TextStream, seq: list[int], t_start: float,
+                      top: int | None = None) -> Iterator[Step]:
         """Plain greedy decoding, one token a step, with step t+1 in flight while step t's token
         is read back and emitted. Each forward is the step loop's (a one-token chain after the
         committed tokens); the step computed past the end is waited for (its time counts) and
-        rolled back, so the cache holds ``seq[:-1]`` as after the step loop."""
+        rolled back, so the cache holds ``seq[:-1]`` as after the step loop. With ``top`` (the
+        logprobs asked for) each forward's logits row is kept for its token's logprobs."""
         target = self.target
+        rows: list[mx.array] = []  # the launched forwards' logits, oldest first (with ``top``)
 
         def launch(token: mx.array) -> mx.array:
-            nxt = mx.argmax(target.score(token, cache).logits, axis=-1)  # (1,): lazy
+            logits = target.score(token, cache).logits
+            nxt = mx.argmax(logits, axis=-1)  # (1,): lazy
             cache.commit()  # every plain token is kept
-            mx.async_eval(nxt)
+            if top is not None:
+                rows.append(logits)
+            mx.async_eval(nxt, *rows[-1:])
             return nxt
 
         def forget(ahead: mx.array) -> None:
@@ -263,7 +321,9 @@ class Engine:
                 stats.verify_s += time.perf_counter() - t1
                 stats.target_forwards += 1
                 chain = DraftTree.chain(seq[-1], [])
-                step, used = self._emit(Accepted([0], [token]), chain, eos, text, max_new - done)
+                lps = None if top is None else token_logprobs(rows.pop(0), [token], top)
+                step, used = self._emit(Accepted([0], [token]), chain, eos, text, max_new - done,
+                                        logprobs=lps)
                 done += 1
                 stats.generated_tokens += used
                 seq.append(token)
@@ -288,7 +348,7 @@ class Engine:
         cache, seq = self._cache, self._cache_seq
         self._cache, self._cache_seq = None, []  # an interrupted prefill must not look reusable
         if self.reuse_prefix and cache is not None and cache.offset == len(seq) - 1:
-            common = shared_prefix(seq[:-1], ids[:-1])
+            common = cache.reachable(shared_prefix(seq[:-1], ids[:-1]))
             try:
                 cache.trim(cache.offset - common)
             except CacheRollbackError:
@@ -299,10 +359,11 @@ class Engine:
         self._cache = self.target.make_cache()
         return self._cache, 0
 
-    def _emit(self, acc: Accepted, tree: DraftTree, eos, text: TextStream,
-              room: int) -> tuple[Step, int]:
+    def _emit(self, acc: Accepted, tree: DraftTree, eos, text: TextStream, room: int,
+              ended: bool = False, logprobs: list[TokenLogprob] | None = None) -> tuple[Step, int]:
         """Turn committed tokens into a Step, cutting at EOS, a stop string, the token limit
-        (``room`` tokens were left) or a cancel; the last step's text is flushed.
+        (``room`` tokens were left), the rules' end (``ended``) or a cancel; the last step's
+        text is flushed. ``logprobs`` (one per committed token) are cut like the tokens.
 
         Also returns how many tokens the output used (the kept ones, plus an EOS that ended it):
         tokens committed after the end do not count in the stats.
@@ -317,10 +378,19 @@ class Engine:
             if text.add(t, drafted=i < acc.num_accepted):
                 reason = "stop"
                 break
+        if reason is None and ended:
+            reason = "stop"
         if reason is None and len(acc.tokens) >= room:
             reason = "length"
         if reason is None and self._cancel:
             reason = "cancelled"
         segments = text.take() if reason is None else text.flush()
         drafted = min(len(kept), acc.num_accepted)
-        return Step(kept, segments, drafted, tree.num_drafted, reason), used
+        lps = None if logprobs is None else logprobs[: len(kept)]
+        return Step(kept, segments, drafted, tree.num_drafted, reason, lps), used
+
+
+def _through_eos(tokens: list[int], eos) -> list[int]:
+    """``tokens`` up to and including the first EOS (nothing after it is generated)."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return tokens[:end]

@@ -49,3 +49,21 @@ class UnavailableError(EdgespecError):
 
 class HeadError(EdgespecError):
     """A trained head cannot be read, or does not fit the target (shape, vocabulary, fingerprint)."""
+
+
+class GrammarError(ConfigError):
+    """A structured-output request (``response_format``, a JSON schema, a grammar) is malformed
+    or uses what the grammar engine does not support. ``param`` names the request field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class ToolCallError(ConfigError):
+    """A tool-calling request (``tools``, ``tool_choice``, tool messages) is malformed or asks
+    for what edgespec cannot do. ``param`` names the request field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

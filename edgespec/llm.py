@@ -15,6 +15,21 @@ Contract:
   steps as they come (``raw=True``: like ``complete``); ``achat`` / ``acomplete`` are awaitable.
 - Multi-turn: send the whole conversation each time. The engine keeps the previous call's KV
   cache and computes only what follows the shared prefix (``result.stats.cached_tokens``).
+- ``prediction=`` (a call option): the text the answer is expected to mostly be (an edited
+  file), or OpenAI's ``{"type": "content", ...}``; it drafts while the answer follows it
+  (``drafters/prediction.py``), the output is unchanged, and ``result.stats`` counts the
+  accepted and rejected prediction tokens.
+- ``response_format=`` (a call option): structured output, enforced by a grammar
+  (``grammar.py``) with every method, output unchanged by speculation: OpenAI's
+  ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema",
+  "strict"}}``, or a pydantic model class, with which ``chat`` / ``achat`` / ``complete`` return
+  an instance of it (parsed from the answer) instead of a Result.
+- ``suffix=`` (an option of ``complete``): fill in the middle. The text is the code before the
+  hole, ``suffix`` the code after it; the prompt is built in the model's own FIM format
+  (``fim.py``); a model without FIM tokens raises ConfigError.
+- ``logprobs=N`` (a call option, 0-20): each step and ``result.logprobs`` carry every token's
+  log-probability under the model's raw distribution and its N likeliest alternatives
+  (``logprobs.py``); the same values whatever the method.
 - Cancelling (``Stream.cancel()``, ``LLM.cancel()``, leaving a loop, cancelling a task) ends a
   call after its current step and leaves the cache consistent; see ``streams.py``.
 """
@@ -24,14 +39,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any, Union
+
+import pydantic
 
 from . import options
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from .drafters import registry
 from .engine import Result
-from .errors import ConfigError
-from .prompt import check_context, encode_prompt
+from .errors import ConfigError, GrammarError
+from .fim import encode_fim, fim_format
+from .grammar import Grammar, check_stop, from_response_format
+from .logprobs import check_top
+from .prompt import check_context, encode_prediction, encode_prompt
 from .streams import AsyncStream, Stream
 from .targets import Target
 from .worker import GenRequest, Job, LoopJob, ThreadJob, Worker, loader
@@ -103,12 +124,13 @@ class LLM:
 
     def chat(self, messages: Messages, **options: Any) -> Result:
         """The model's answer to ``messages`` (a str is one user message), as a :class:`Result`:
-        ``text``, ``token_ids``, ``finish_reason`` ("stop", "length" or "cancelled"), ``stats``."""
-        return self.stream(messages, **options).result()
+        ``text``, ``token_ids``, ``finish_reason`` ("stop", "length" or "cancelled"), ``stats``;
+        with ``response_format=`` a pydantic model class, an instance of it."""
+        return _parsed(options, self.stream(messages, **options).result())
 
     def complete(self, text: Text, **options: Any) -> Result:
         """The continuation of raw ``text`` (or token ids), without the chat template."""
-        return self.stream(text, raw=True, **options).result()
+        return _parsed(options, self.stream(text, raw=True, **options).result())
 
     def stream(self, prompt: Messages | Text, *, raw: bool = False, **options: Any) -> Stream:
         """Run ``chat`` (``raw=True``: ``complete``) and yield its steps as they are generated;
@@ -118,11 +140,11 @@ class LLM:
 
     async def achat(self, messages: Messages, **options: Any) -> Result:
         """``chat`` for asyncio: the event loop keeps running while the model generates."""
-        return await self.astream(messages, **options).result()
+        return _parsed(options, await self.astream(messages, **options).result())
 
     async def acomplete(self, text: Text, **options: Any) -> Result:
         """``complete`` for asyncio."""
-        return await self.astream(text, raw=True, **options).result()
+        return _parsed(options, await self.astream(text, raw=True, **options).result())
 
     def astream(self, prompt: Messages | Text, *, raw: bool = False, **options: Any) -> AsyncStream:
         """``stream`` for asyncio: ``async for step in llm.astream(...)`` (inside a running loop)."""
@@ -152,10 +174,32 @@ class LLM:
         if "draft" in kw:
             raise ConfigError("draft is loaded once, with the model: edgespec.load(model, "
                               "draft=REF); a call chooses only the method")
+        prediction = kw.pop("prediction", None)
+        grammar = _grammar(kw.pop("response_format", None))
+        logprobs = check_top(kw.pop("logprobs", None))
+        suffix = kw.pop("suffix", None)
         spec, sampling, generation = self._configs(options.checked("call", kw))
-        ids = encode_prompt(self.target.tokenizer, _raw(prompt) if raw else _messages(prompt))
+        check_stop(grammar, generation.stop)
+        if suffix:
+            ids, generation = self._fim(prompt, suffix, raw, generation)
+        else:
+            ids = encode_prompt(self.target.tokenizer, _raw(prompt) if raw else _messages(prompt))
         check_context(ids, self.target.context_length, self.target.name)
-        return GenRequest(ids, generation, sampling, spec)
+        if prediction is not None:
+            prediction = encode_prediction(self.target.tokenizer, prediction)
+        return GenRequest(ids, generation, sampling, spec, prediction=prediction,
+                          logprobs=logprobs, grammar=grammar)
+
+    def _fim(self, prefix, suffix, raw: bool,
+             generation: GenerationConfig) -> tuple[list[int], GenerationConfig]:
+        """The fill-in-the-middle prompt (``fim.py``) and where the family's middle ends."""
+        if not raw or not isinstance(prefix, str):
+            raise ConfigError("suffix= (fill-in-the-middle) is an option of complete / stream(raw="
+                              "True), whose text is the code before the hole; got "
+                              f"{'a chat' if not raw else type(prefix).__name__}")
+        ids = encode_fim(self.target.tokenizer, prefix, suffix, self.target.name)
+        stop = fim_format(self.target.tokenizer).stop
+        return ids, (replace(generation, stop=generation.stop + stop) if stop else generation)
 
     def _configs(self, call: dict) -> tuple[SpecConfig, SamplingConfig, GenerationConfig]:
         merged = {**self._defaults, **call}
@@ -181,6 +225,31 @@ def _close(worker: Worker, jobs: weakref.WeakSet, lock: threading.Lock) -> None:
     worker.stop()
 
 
+def _model_class(rf) -> type[pydantic.BaseModel] | None:
+    return rf if isinstance(rf, type) and issubclass(rf, pydantic.BaseModel) else None
+
+
+def _grammar(rf) -> Grammar | None:
+    """The grammar of a call's ``response_format``: OpenAI's dict, or a pydantic model class
+    (its JSON schema, strict)."""
+    model = _model_class(rf)
+    if model is not None:
+        return Grammar.json_schema(model.model_json_schema(), True, "response_format")
+    return from_response_format(rf)
+
+
+def _parsed(options: dict, result: Result):
+    """``result``, or the pydantic model instance it holds when ``response_format`` is a
+    model class."""
+    model = _model_class(options.get("response_format"))
+    if model is None:
+        return result
+    if result.finish_reason != "stop":
+        raise GrammarError(f"the answer ended ({result.finish_reason}) before the "
+                           f"{model.__name__} JSON was complete; raise max_tokens", "max_tokens")
+    return model.model_validate_json(result.text)
+
+
 def _messages(prompt: Messages | Text) -> list[dict]:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
@@ -204,7 +273,8 @@ def load(model: str | Target = "demo", *, progress: bool = True, **options: Any)
 
     ``options`` are every call's defaults; a call may override any of them but ``draft`` and
     ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft
-    model, else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
+    model, else 'eagle3' where an EAGLE-3 head is found and pays (``options.eagle3_pays``),
+    else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
     download / conversion progress.
     """
     return LLM(model, progress=progress, **options)

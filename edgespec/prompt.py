@@ -23,6 +23,7 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        check_text_only(prompt)
         ids = tokenizer.encode(tokenizer.apply_chat_template(prompt), add_special_tokens=False)
     elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = list(prompt)
@@ -32,6 +33,30 @@ def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     if not ids or (isinstance(prompt, str) and not prompt.strip()):
         raise ConfigError("prompt is empty; give some text to continue")
     return ids
+
+
+MEDIA_ELSEWHERE = ("edgespec takes text only: send the text, or run images, audio and video "
+                   "with mlx-vlm (pip install mlx-vlm; python -m mlx_vlm.generate --model MODEL "
+                   "--image FILE --prompt TEXT)")
+"""What every error about multimodal input says to do instead (the server's too)."""
+
+
+def media_part(part) -> str | None:
+    """The type of a chat content part that is not text (an image, audio, a file), else None."""
+    if isinstance(part, dict):
+        kind = part.get("type")
+        return None if kind == "text" and isinstance(part.get("text"), str) else repr(kind)
+    return None if isinstance(part, str) else type(part).__name__
+
+
+def check_text_only(messages: list[dict]) -> None:
+    """ConfigError naming the first content part of chat ``messages`` that is not text."""
+    for i, m in enumerate(messages):
+        parts = m.get("content")
+        for j, part in enumerate(parts if isinstance(parts, list) else ()):
+            if (kind := media_part(part)) is not None:
+                raise ConfigError(f"messages[{i}].content[{j}] has type {kind}, not text: "
+                                  f"{MEDIA_ELSEWHERE}")
 
 
 def check_context(ids: list[int], context_length: int, model: str, what: str = "prompt") -> None:
@@ -53,3 +78,22 @@ def shared_prefix(a, b) -> int:
             break
         n += 1
     return n
+
+
+def encode_prediction(tokenizer: Tokenizer, prediction) -> tuple[int, ...]:
+    """Token ids of a predicted output (``prediction=`` of the Python API and the server):
+    text (encoded without special tokens: it is drafted mid-answer) or OpenAI's
+    ``{"type": "content", "content": text or [{"type": "text", "text": ...}, ...]}`` (parts
+    joined). ConfigError names anything else."""
+    if isinstance(prediction, dict):
+        if prediction.get("type") != "content":
+            raise ConfigError(f"prediction type must be 'content', got {prediction.get('type')!r}")
+        prediction = prediction.get("content")
+        if isinstance(prediction, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in prediction):
+            prediction = "".join(p["text"] for p in prediction)
+    if isinstance(prediction, str):
+        return tuple(tokenizer.encode(prediction, add_special_tokens=False))
+    raise ConfigError(f"prediction must be text or {{'type': 'content', 'content': text or "
+                      f"text parts}}; got {type(prediction).__name__}")

@@ -42,7 +42,9 @@ class Rule:
 
     def apply(self, tree: DraftTree, logits: mx.array) -> mx.array:
         """Row ``u`` of ``logits`` (N, V) transformed for node ``u``'s history (committed tokens,
-        then ``tree.tokens[i]`` for ``i`` in ``tree.path_to(u)[1:]``)."""
+        then ``tree.tokens[i]`` for ``i`` in ``tree.path_to(u)[1:]``). A token the rule forbids
+        there gets -inf: the engine reads a node's allowed set from it (to condition sampled
+        drafts' q on it, ``rule_tree.masked_q``)."""
         return logits
 
     def allows(self, tree: DraftTree) -> np.ndarray:

@@ -41,8 +41,13 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
     generated_tokens: int = 0
     target_forwards: int = 0
-    proposed: int = 0
-    accepted: int = 0
+    proposed: int = 0  # the drafter's tokens (a rule's cut ones too)
+    accepted: int = 0  # of those, the ones the target kept
+    forced: int = 0  # tokens a rule (a grammar) forced, drafted for free: not in the two above
+    # predicted outputs (OpenAI's usage.completion_tokens_details): the drafted tokens taken
+    # from the request's prediction that the target kept, and those it rejected
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -56,6 +61,7 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
+        """The drafter's tokens kept per token it proposed (forced tokens are not drafts)."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
@@ -70,13 +76,17 @@ class Stats:
 
     def parts(self, speedup: float | None = None) -> list[str]:
         """The numbers a person reads, as phrases: tokens, tok/s, then (when drafting) τ and
-        acceptance, the reused prompt tokens, and ``speedup`` against plain decoding when known."""
+        acceptance, the reused prompt tokens, a predicted output's kept and rejected tokens,
+        and ``speedup`` against plain decoding when known."""
         out = [phrase("generated_tokens", self.generated_tokens),
                phrase("tokens_per_s", self.tokens_per_s)]
         if self.method != "none":
             out += [phrase("tau", self.tau), phrase("acceptance_rate", self.acceptance_rate)]
         if self.cached_tokens:
             out.append(phrase("cached_tokens", self.cached_tokens))
+        if self.accepted_prediction_tokens or self.rejected_prediction_tokens:
+            out.append(f"prediction {self.accepted_prediction_tokens} kept / "
+                       f"{self.rejected_prediction_tokens} rejected")
         if speedup is not None:
             out.append(phrase("speedup", speedup))
         return out

@@ -81,6 +81,17 @@ class DraftTree:
     def leaves(self) -> list[int]:
         return [u for u in range(len(self)) if not self.children(u)]
 
+    def window_rows(self, k: int) -> np.ndarray:
+        """(N, k) int: per node, its k-1 nearest ancestors and itself, oldest first, as rows of
+        a buffer whose first k-1 rows are the committed tokens' (row k-2 the latest) and whose
+        row k-1+u is node u: the inputs a causal convolution of width k sees at each node."""
+        rows = np.zeros((len(self), k), dtype=np.int32)
+        for u, p in enumerate(self.parents):
+            rows[u, -1] = k - 1 + u
+            # the parent's window shifted by one; the root's parent is the last committed row
+            rows[u, :-1] = rows[p, 1:] if p >= 0 else np.arange(k - 1)
+        return rows
+
 
 def merge(trees: list[DraftTree]) -> DraftTree:
     """Merge trees with the same root into one, sharing common prefixes (a trie union).

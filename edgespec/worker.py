@@ -32,6 +32,7 @@ from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import load_draft, make_drafter
 from .engine import Engine, Step
 from .errors import UnavailableError
+from .grammar import Grammar, GrammarRule
 from .stats import Stats
 from .targets import Target, load
 
@@ -47,6 +48,9 @@ class GenRequest:
     generation: GenerationConfig
     sampling: SamplingConfig
     spec: SpecConfig
+    prediction: tuple[int, ...] | None = None  # predicted output's token ids (drafted first)
+    grammar: Grammar | None = None  # structured output: the output must match it
+    logprobs: int | None = None  # per token: its log-probability and this many alternatives
 
 
 @dataclass(frozen=True)
@@ -248,8 +252,11 @@ class Worker:
 
     def _run(self, engine: Engine, job: Job) -> None:
         r = job.request
-        engine.drafter = make_drafter(r.spec, engine.target, r.sampling, draft=self.draft)
-        stream = engine.stream(r.prompt, generation=r.generation, sampling=r.sampling)
+        engine.drafter = make_drafter(r.spec, engine.target, r.sampling, draft=self.draft,
+                                      prediction=r.prediction)
+        rules = GrammarRule(r.grammar, engine.target.tokenizer) if r.grammar else None
+        stream = engine.stream(r.prompt, generation=r.generation, sampling=r.sampling,
+                               rules=rules, logprobs=r.logprobs)
         try:
             for step in stream:
                 job.put(step)

@@ -181,7 +181,9 @@ def test_bench_command_takes_sampling_and_spec_flags(model_dir, prompts_file, tm
     assert result.exit_code == 0, result.output
     env = json.loads(out_json.read_text())["env"]
     assert env["max_tokens"] == 6 and env["num_prompts"] == 2
-    assert env["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.01, "seed": 3}
+    assert env["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.01, "seed": 3,
+                               "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                               "repetition_penalty": 1.0}
     assert out_png.read_bytes().startswith(b"\x89PNG")
     bad = CliRunner().invoke(main, [*args[:7], "--plot", str(tmp_path / "r.gif")])
     assert bad.exit_code == 2 and "r.gif" in bad.output

@@ -27,6 +27,9 @@ BAD = [
     (SamplingConfig, dict(seed=-1), ["-1", "[0, 2**63)"]),
     (SamplingConfig, dict(seed=2**63), [str(2**63), "[0, 2**63)"]),
     (SamplingConfig, dict(seed=1.5), ["1.5", "integer"]),
+    (SamplingConfig, dict(frequency_penalty=2.5), ["frequency_penalty", "2.5", "[-2, 2]"]),
+    (SamplingConfig, dict(presence_penalty="x"), ["presence_penalty", "'x'", "[-2, 2]"]),
+    (SamplingConfig, dict(repetition_penalty=0), ["repetition_penalty", "0", "(0, 10]"]),
     (SpecConfig, dict(method="magic"), ["'magic'", ", ".join(registry.NAMES)]),
     (SpecConfig, dict(method=3), ["3", ", ".join(registry.NAMES)]),
     (SpecConfig, dict(num_draft=0), ["0", "[1, 64]"]),
@@ -116,9 +119,9 @@ def test_registry_entries_are_well_formed():
 def test_which_methods_need_a_draft_model_is_decided_by_the_registry():
     assert {m.name for m in registry.METHODS if m.needs_draft} == {"draft", "cascade"}
     assert "cascade" not in registry.available(None) and "draft" not in registry.available(None)
-    assert registry.available("d", heads={"eagle3", "medusa", "corpus"}) == registry.NAMES
+    assert registry.available("d", heads={"eagle3", "medusa", "corpus", "mtp"}) == registry.NAMES
     assert [m.name for m in registry.METHODS if m.arm is not None] == ["none", "lookup", "draft",
-                                                                       "eagle3", "corpus"]
+                                                                       "eagle3", "corpus", "mtp"]
 
 
 def test_registry_lookup_error_lists_every_method():

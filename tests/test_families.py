@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -23,13 +24,13 @@ from edgespec.drafters.draft_model import DraftModelDrafter
 from edgespec.drafters.early_exit import EarlyExitDrafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.lookup import PromptLookupDrafter
-from edgespec.errors import UnsupportedModelError
+from edgespec.errors import ModelLoadError, UnsupportedModelError
 from edgespec.targets import load_target
 from edgespec.targets.families import FAMILIES, UNSUPPORTED, family_of
 from edgespec.tree import DraftTree
 
 from .oracle import (CONFIGS, WINDOWED, load_oracle, make_oracle_model, oracle_decode,
-                     oracle_logits)
+                     oracle_logits, quantize_oracle_model)
 
 pytest.importorskip("mlx_lm")
 
@@ -186,19 +187,8 @@ def test_gemma2_windows_through_rollback(tmp_path):
 def test_quantized_checkpoint_matches_mlx_lm(tmp_path, name):
     """A 4-bit checkpoint kept quantized: phi3's fused q|k|v and gate|up split row-wise with
     their scales and biases, smollm3's NoPE layers on the module path."""
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-
     path = make_oracle_model(tmp_path, CONFIGS[name])
-    model = load_oracle(path)
-    nn.quantize(model, group_size=32, bits=4)
-    weights = dict(tree_flatten(model.parameters()))
-    if CONFIGS[name]["tie_word_embeddings"]:
-        weights = {k: v for k, v in weights.items() if not k.startswith("lm_head")}
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    config = json.loads((path / "config.json").read_text())
-    config["quantization"] = {"group_size": 32, "bits": 4}
-    (path / "config.json").write_text(json.dumps(config))
+    quantize_oracle_model(path)
     target, oracle = load_target(path, dtype="auto"), load_oracle(path)
     assert target.quantized
     ids = _ids(24, 9)
@@ -228,18 +218,57 @@ def test_unsupported_types_name_themselves_and_mlx_lm(model_type):
         family_of({"model_type": model_type})
     message = str(e.value)
     assert repr(model_type) in message and "qwen3" in message and "gemma3_text" in message
+    if "vision" in UNSUPPORTED[model_type][0]:  # what runs its images
+        assert "mlx_vlm.generate" in message
+    if UNSUPPORTED[model_type][1] is None:
+        return
     module = message.split("mlx_lm.models.")[1].split(",")[0]
     assert importlib.util.find_spec(f"mlx_lm.models.{module}") is not None, module
 
 
 def test_unknown_type_lists_the_supported_ones():
-    with pytest.raises(UnsupportedModelError, match="'bogus'.*supported: gemma2, gemma3_text, llama"):
+    listed = re.escape(", ".join(sorted(FAMILIES)))  # sorted: gemma2, gemma3_text, ...
+    with pytest.raises(UnsupportedModelError, match=f"'bogus'.*supported: {listed}$"):
         family_of({"model_type": "bogus"})
     assert set(FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma2", "phi3",
-                             "smollm3"}
+                             "smollm3", "gemma4_text", "gemma4"}
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "mamba", "bogus"])
+BAD_LAYERS = [  # (config, its change, what the error names)
+    ("qwen3_next", {"full_attention_interval": 0}, "full_attention_interval is 0.*>= 1"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step is 0.*>= 1"),
+    ("gemma3", {"sliding_window_pattern": 0}, "sliding_window_pattern is 0.*>= 1"),
+    ("smollm3", {"no_rope_layer_interval": -4}, "no_rope_layer_interval is -4.*>= 1"),
+    ("gpt_oss", {"layer_types": ["sliding_attention", "full_attention"]},
+     "layer_types must list one of sliding_attention, full_attention for each of its "
+     r"num_hidden_layers \(4\); got 2 entries$"),
+    ("gemma2", {"layer_types": ["sliding_attention"]}, r"layer_types.*\(3\); got 1 entries"),
+    ("llama-layer-types", {"layer_types": ["sliding_attention", "full_attention", "chunked"]},
+     r"layer_types.*got 3 entries \(not allowed: \['chunked'\]\)"),
+    ("lfm2", {"layer_types": ["conv", "full_attention", "conv"]}, r"conv, full_attention.*\(4\)"),
+    ("qwen3_5", {"layer_types": ["linear_attention"] * 5}, r"linear_attention.*\(4\); got 5"),
+]
+
+
+@pytest.mark.parametrize("name, change, message", BAD_LAYERS, ids=[b[0] for b in BAD_LAYERS])
+def test_a_malformed_layer_pattern_is_a_model_load_error(name, change, message):
+    """A period below 1, or ``layer_types`` not one allowed type per layer: ModelLoadError
+    naming the field and what it allows, not a ZeroDivisionError at load or an IndexError
+    when the cache is made."""
+    config = {**CONFIGS[name], **change, "vocab_size": 300}
+    with pytest.raises(ModelLoadError, match=message):
+        family_of(config).args.from_dict(config)
+
+
+def test_a_malformed_layer_pattern_fails_the_load(tmp_path):
+    path = make_oracle_model(tmp_path, CONFIGS["qwen3_next"])
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "full_attention_interval": 0}))
+    with pytest.raises(ModelLoadError, match="qwen3_next config: full_attention_interval is 0"):
+        load_target(path, dtype="float32")
+
+
+@pytest.mark.parametrize("model_type", ["dbrx", "mamba", "bogus"])
 def test_cli_unsupported_family_is_one_line_exit_2(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     (tmp_path / "model.safetensors").write_bytes(b"")

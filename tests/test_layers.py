@@ -3,14 +3,18 @@
 The picture (``docs/architecture.md``), bottom to top:
 
     0  errors, config                        (no mlx)
-    1  loading/, tree, sampling, cache, stream_text, prompt, stats
-    2  kernels/, verify, rules (per-node transforms of the target's logits)
+    1  loading/, tree, sampling, cache, stream_text, prompt, stats, fim (fill-in-the-middle
+       prompts)
+    2  kernels/, verify, rules (per-node transforms of the target's logits), penalties (rules
+       from the sampling config), logprobs, grammar (structured output as a rule), toolcalls
+       (tool calls: each family's syntax read and written, prompts with tools, call grammars)
     3  targets/, heads/ (trained drafting heads: EAGLE-3, Medusa, their formats)
     4  drafters/
-    5  engine, options (what each surface takes from the config classes), worker (the one
-       generation thread the server and the Python API run the engine on), training/ (it runs
-       the target and the heads)
-    6  bench, bench_plot, doctor, server/, tui/, cli, llm, streams, __init__ (the surfaces)
+    5  engine, rule_tree (a step's tree under rules, and the drafter's view of it), options
+       (what each surface takes from the config classes), worker (the one generation thread
+       the server and the Python API run the engine on), training/ (it runs the target and
+       the heads)
+    6  bench, bench_plot, bench_rows, doctor, server/, tui/, cli, llm, streams, __init__ (the surfaces)
 
 A module missing from ``LAYERS`` fails the test, so a new file has to take a place in the
 picture. Imports inside functions count too (a lazy import is still a dependency).
@@ -26,11 +30,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgespec"
 LAYERS = {
     "errors": 0, "config": 0,
     "loading": 1, "tree": 1, "sampling": 1, "cache": 1, "stream_text": 1, "prompt": 1, "stats": 1,
-    "kernels": 2, "verify": 2, "rules": 2,
+    "fim": 1,
+    "kernels": 2, "verify": 2, "rules": 2, "grammar": 2, "penalties": 2, "logprobs": 2,
+    "toolcalls": 2,
     "targets": 3, "heads": 3,
     "drafters": 4,
-    "engine": 5, "options": 5, "worker": 5, "training": 5,
-    "bench": 6, "bench_plot": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6, "llm": 6, "streams": 6,
+    "engine": 5, "rule_tree": 5, "options": 5, "worker": 5, "training": 5,
+    "bench": 6, "bench_plot": 6, "bench_rows": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6,
+    "llm": 6, "streams": 6,
     "__init__": 6,
     "__main__": 6,
 }

@@ -26,6 +26,12 @@ from .live_server import client, live, model_dir  # noqa: F401  (fixtures)
 
 # -- the happy paths ---------------------------------------------------------------------------
 
+def _own_head(method: str) -> bool:
+    """Whether ``method`` needs a trained head or the checkpoint's MTP layer (the test model
+    has neither)."""
+    return registry.get(method).needs_head or registry.get(method).needs_mtp
+
+
 def test_models_and_health(live, client):
     ids = [m.id for m in client.models.list().data]
     assert ids == [live.state.model_name, "gpt-4o-mini"]
@@ -33,7 +39,7 @@ def test_models_and_health(live, client):
     assert h["status"] == "ok" and h["method"] == "draft"  # --draft given: the preferred default
     # every method is available once a draft model is loaded, but those needing a trained head
     # (none exists for this model: test_drafting_heads.py serves one)
-    assert h["methods"] == [m for m in METHODS if not registry.get(m).needs_head]
+    assert h["methods"] == [m for m in METHODS if not _own_head(m)]
 
 
 def test_chat_non_streaming_shape_and_usage(client):
@@ -79,12 +85,13 @@ def test_prompt_token_ids(live, client):
     assert by_ids.choices[0].text == by_text.choices[0].text
 
 
-def test_text_parts_developer_role_and_ignored_fields(client):
+def test_text_parts_developer_role_and_accounting_fields(client):
+    """Fields that change nothing about the answer (test_server_fields.py: what is refused)."""
     plain = chat_text(client, [{"role": "system", "content": "be brief"}, *HI])
     parts = chat_text(client, [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
                                {"role": "user", "content": [{"type": "text", "text": HI[0]["content"]}]}],
-                      frequency_penalty=0.5, presence_penalty=0.1, user="me", logit_bias={},
-                      response_format={"type": "text"}, extra_body={"whatever": [1]})
+                      user="me", logit_bias={}, metadata={"editor": "x"}, store=False,
+                      service_tier="auto", response_format={"type": "text"})
     assert parts == plain
 
 
@@ -113,7 +120,7 @@ def test_every_method_equals_plain_decoding(client):
     (the target drafting for itself) changes nothing but the number of forwards."""
     plain = chat(client, max_tokens=30, extra_body={"method": "none"})
     assert plain.usage.model_extra["speculative"]["tau"] == 1.0
-    for method in (m for m in METHODS if not registry.get(m).needs_head):
+    for method in (m for m in METHODS if not _own_head(m)):
         r = chat(client, max_tokens=30, extra_body={"method": method, "num_draft": 3})
         assert r.choices[0].message.content == plain.choices[0].message.content, method
         ran = r.usage.model_extra["speculative"]["method"]
@@ -253,4 +260,4 @@ def test_worker_skips_cancelled_jobs_and_fails_queued_ones_on_stop(model_dir):
     ends, rest = asyncio.run(stopping())
     assert all(isinstance(e, Failed) and isinstance(e.error, UnavailableError) for e in ends)
     assert isinstance(rest[-1], Done)  # the running job was let finish
-    assert not worker.alive and TestClient(create_app(state)).get("/health").status_code == 503
+    assert not worker.alive and TestClient(create_app(state), base_url="http://localhost").get("/health").status_code == 503

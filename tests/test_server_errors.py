@@ -33,7 +33,13 @@ BAD = {
     "unknown role": (dict(json={"messages": [{"role": "wizard", "content": "x"}]}), 400,
                      "messages.0.role", None),
     "image part": (dict(json={"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, None, None),
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, "messages.0.content.1", None),
+    "audio part": (dict(json={"messages": HI + [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}), 400,
+        "messages.1.content.0", None),
+    "unknown part type": (dict(json={"messages": [{"role": "user", "content": [
+        {"type": "sticker"}]}]}), 400, "messages.0.content", None),  # pydantic's: the tags
     "temperature a string": (dict(json={"messages": HI, "temperature": "hot"}), 400, "temperature", None),
     "max_tokens a string": (dict(json={"messages": HI, "max_tokens": "10"}), 400, "max_tokens", None),
     "stream not a bool": (dict(json={"messages": HI, "stream": "yes"}), 400, "stream", None),
@@ -67,6 +73,9 @@ def test_bad_chat_input(live, case):
         assert "not valid JSON" in err["message"]
     if case in ("temperature negative", "num_draft zero"):  # the config dataclasses' own messages
         assert err["message"].startswith(("temperature must", "num_draft must"))
+    if case in ("image part", "audio part"):  # names the part, says what runs it
+        kind = "'image_url'" if case == "image part" else "'input_audio'"
+        assert kind in err["message"] and "mlx_vlm.generate" in err["message"]
     if case == "unknown method":  # the registry's methods, all of them
         assert "'magic'" in err["message"] and ", ".join(METHODS) in err["message"]
 

@@ -151,7 +151,8 @@ def test_session_methods_and_draft_needs_come_from_the_registry(tiny):
     with pytest.raises(ConfigError, match="--draft REF to use 'cascade'"):
         alone.set_method("cascade")
     drafted = ChatSession(target, spec=SpecConfig(method="early-exit", exit_layer=1, draft=tiny))
-    assert drafted.methods == [m.name for m in registry.METHODS if not m.needs_head]  # no head
+    assert drafted.methods == [m.name for m in registry.METHODS  # no head, no MTP layer
+                               if not m.needs_head and not m.needs_mtp]
     for method in ("cascade", "lookup", "draft"):  # exit_layer stays with early-exit
         drafted.set_method(method)
         drafted.prepare()

@@ -22,6 +22,8 @@ member directly:
   scored token: in ``prefill``, the prompt positions the engine actually scored (with prefix
   reuse the first ones are not re-scored: the rows are the LAST ones of the prompt but its final
   token), in ``update``, one per tree node;
+- ``prediction_tokens()``: counts of a predicted output's drafted tokens kept and rejected
+  (the engine copies them into ``Stats`` after every step);
 - ``wants_hidden``: the drafter reads ``target_out.hidden`` (the last layer's output, before the
   final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too.
 
@@ -83,6 +85,11 @@ class Drafter:
     def rewind(self, n: int) -> bool:
         """Forget the last ``n`` tokens shown; False when this drafter cannot (then prefill)."""
         return False
+
+    def prediction_tokens(self) -> tuple[int, int]:
+        """(accepted, rejected): how many tokens drafted from the request's predicted output the
+        target kept and rejected so far in this sequence (``prediction.py``; others: none)."""
+        return 0, 0
 
 
 class AdaptiveLength:

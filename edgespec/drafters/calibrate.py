@@ -190,8 +190,10 @@ def search_layer_subset(target: Target, prompt_ids: list[int], num_draft: int = 
                     speedup=expected_speedup(tau, num_draft, draft, verify, plain))
 
     layers, table, forwards, stale, best_speedup = list(range(L)), [], 0, 0, 0.0
+    sources = target.model.kv_sources()
     while stale < patience and forwards < max_forwards:
-        droppable = sorted(layers[1:-1], key=lambda i: update[i])[:beam]
+        read = {sources[i] for i in layers if sources[i] != i}  # kept while a sharer is
+        droppable = sorted((i for i in layers[1:-1] if i not in read), key=lambda i: update[i])[:beam]
         if not droppable:
             break
         tried = [score([i for i in layers if i != d]) for d in droppable[: max_forwards - forwards]]

@@ -65,6 +65,7 @@ class CascadeDrafter(DraftModelDrafter):
             return DraftTree.chain(root, [])
         seq = list(self.history)
         self._show_inner(seq)
+        self.cache.hold()  # update trims back to the end of an inner step
         drafts: list[int] = []
         rows: list[np.ndarray] = []
         while len(drafts) < k:

@@ -50,13 +50,18 @@ class DraftModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.history: list[int] = []
-        self.cache = self.draft.make_cache()
+        self.prompt_end = -1  # where the draft's cache ends once it has read the prompt
+        self.cache = self._new_cache()
+
+    def _new_cache(self):
+        return self.draft.make_cache()
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig | None = None) -> None:
         # Keep the draft's KV for the prefix this prompt shares with the last sequence (a chat
         # resends its history each turn); rebuild from scratch when nothing is shared.
-        common = shared_prefix(self.history[: self.cache.offset], tokens[:-1])
+        common = self.cache.reachable(shared_prefix(self.history[: self.cache.offset],
+                                                    tokens[:-1]))
         try:
             self.cache.trim(self.cache.offset - common)
         except CacheRollbackError:  # a sliding window dropped what the shared prefix needs
@@ -68,6 +73,7 @@ class DraftModelDrafter(Drafter):
     def _start(self, tokens: list[int], sampling: SamplingConfig | None) -> None:
         """Take ``tokens`` as the history and (re)seed the draft's random stream."""
         self.history = list(tokens)
+        self.prompt_end = len(tokens)
         if sampling is not None:
             self.sampling = sampling
         self.rng = make_rng(self.sampling, stream=1)
@@ -102,6 +108,9 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return DraftTree.chain(root, [])
         logits = self._feed(self.history[self.cache.offset :])
+        if self.cache.offset == self.prompt_end:  # a next prompt sharing this one resumes here
+            self.cache.pin()
+        self.cache.hold()  # the drafts are fed one by one; update trims back over them
         drafts, qs = [], []
         for i in range(k):
             tok, q = self._choose(logits)
@@ -118,7 +127,10 @@ class DraftModelDrafter(Drafter):
         k, m = tree.num_drafted, accepted.num_accepted
         if k > 0:
             # the cache holds the history plus drafts[:k-1]; keep the accepted ones
-            self.cache.trim((k - 1) - min(m, k - 1))
+            try:
+                self.cache.trim((k - 1) - min(m, k - 1))
+            except CacheRollbackError:  # a hybrid draft committed several drafts at once (the
+                self.cache = self._new_cache()  # cascade): no state there; re-read the history
         self.history.extend(accepted.tokens)
         self.length.observe(k, m)
 

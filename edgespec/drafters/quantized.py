@@ -33,6 +33,7 @@ from mlx.utils import tree_flatten
 
 from ..config import SamplingConfig
 from ..errors import ConfigError
+from ..targets.experts import QuantizedSwitchLinear, SwitchLinear
 from ..targets.families import build_model
 from ..targets.target import Target
 from .draft_model import DraftModelDrafter
@@ -41,8 +42,8 @@ QUANT_BITS = (2, 3, 4, 8)
 GROUP_SIZES = (32, 64, 128)
 
 
-_FLOAT = (nn.Linear, nn.Embedding)  # the layers nn.quantize turns into the ones below
-_QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+_FLOAT = (nn.Linear, nn.Embedding, SwitchLinear)  # the layers nn.quantize turns into the ones below
+_QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
 
 
 def make_quantized_draft(target: Target, bits: int, group_size: int = 64) -> Target:
@@ -95,7 +96,8 @@ def _float_weights(model: nn.Module) -> dict[str, mx.array]:
             continue
         w = mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
                           bits=m.bits, mode=m.mode)
-        weights[f"{name}.weight"] = w.astype(m.scales.dtype)
+        floating = mx.issubdtype(m.scales.dtype, mx.floating)  # mxfp4's are exponents
+        weights[f"{name}.weight"] = w.astype(m.scales.dtype if floating else mx.float32)
         weights.pop(f"{name}.scales")
         weights.pop(f"{name}.biases", None)
     return weights

@@ -43,12 +43,13 @@ class Method:
     needs_draft: bool = False  # a separate draft model (--draft REF)
     needs_head: bool = False  # a trained head (EAGLE-3 / Medusa) or corpus of its own name's kind
     arm: Builder | None = None  # how ``auto`` builds it as an arm; None: not one of its arms
+    needs_mtp: bool = False  # the checkpoint's own multi-token-prediction layer
 
     def available(self, draft: object = None, heads: Collection[str] = ()) -> bool:
         """Whether it can run when ``draft`` (a reference or a loaded model; None: no draft
         model) is what was given and ``heads`` names the methods a trained head exists for
-        (``heads_for``)."""
-        return ((not self.needs_head or self.name in heads)
+        (``heads_for``), and ``mtp`` when the checkpoint ships an MTP layer."""
+        return ((not (self.needs_head or self.needs_mtp) or self.name in heads)
                 and (draft is not None or not self.needs_draft))
 
     def uses_draft(self, draft: object = None) -> bool:
@@ -287,24 +288,42 @@ def load_head_for(spec, target, kind: str):
 def heads_for(target, head: str | None = None) -> frozenset[str]:
     """The methods needing a head that can run on ``target``: the kind of ``head`` when one is
     given (a head directory; HeadError when it does not fit the target), else each kind
-    ``find_head`` finds a head of."""
+    ``find_head`` finds a head of; and ``mtp`` when the checkpoint ships its own MTP layer."""
     from ..heads import find_head
+    from ..targets.mtp import has_mtp
 
     kinds = [m.name for m in METHODS if m.needs_head]
+    own = frozenset(m.name for m in METHODS if m.needs_mtp and has_mtp(target))
     if head is not None:
         path = _head_dir(head, _HEAD_KINDS)
         known = _head_kinds.setdefault(target, {})
         key = _head_key(path)
         if key not in known:
             known[key] = _kind(path, target)
-        return frozenset(k for k in kinds if k == known[key])
-    return frozenset(k for k in kinds if find_head(target, k) is not None)
+        return own | frozenset(k for k in kinds if k == known[key])
+    return own | frozenset(k for k in kinds if find_head(target, k) is not None)
+
+
+_mtp_layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _mtp(spec, target, sampling, draft):
+    """The checkpoint's MTP layer drafting a chain (built once per target, kept as long as it
+    is); ConfigError naming what is missing for a target without one."""
+    from ..targets.mtp import mtp_target
+    from .mtp import MtpDrafter
+
+    if target not in _mtp_layers:
+        _mtp_layers[target] = mtp_target(target)
+    return MtpDrafter(target, _mtp_layers[target], sampling, spec.num_draft, spec.max_draft,
+                      spec.adaptive)
 
 
 def _auto(spec, target, sampling, draft):
     """A bandit over the arms below that can run here (a draft-model arm only with a draft, an
-    EAGLE-3 arm or a corpus arm only with a head or corpus for the target). A corpus arm
-    replaces the lookup arm: it proposes lookup's branch itself, plus its table's chain."""
+    EAGLE-3 arm or a corpus arm only with a head or corpus for the target, an MTP arm only
+    when the checkpoint ships an MTP layer). A corpus arm replaces the lookup arm: it proposes
+    lookup's branch itself, plus its table's chain."""
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
@@ -342,8 +361,12 @@ METHODS: tuple[Method, ...] = (
     Method("corpus", "prompt lookup plus the model's own n-grams, counted over its answers by "
            "`edgespec train corpus`", _corpus, reads=("head", *_LENGTH), needs_head=True,
            arm=_corpus_arm),
+    Method("mtp", "the checkpoint's own multi-token-prediction layer drafts a chain (Qwen3.5/3.6, "
+           "Qwen3-Next checkpoints that keep their mtp.* weights)", _mtp, reads=_LENGTH,
+           arm=_mtp, needs_mtp=True),
     Method("auto", "a bandit over plain decoding, lookup (or the corpus, when the model has one), "
-           "the draft model and an EAGLE-3 head, by measured speed", _auto,
+           "the draft model, an EAGLE-3 head and the checkpoint's MTP layer, by measured speed",
+           _auto,
            reads=("draft", "head", "head_bits", *_LENGTH)),
 )
 
@@ -370,11 +393,38 @@ def readers(field_name: str) -> tuple[str, ...]:
 
 
 def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | None = None,
-                 draft: Target | None = None) -> Drafter | None:
+                 draft: Target | None = None,
+                 prediction: list[int] | None = None) -> Drafter | None:
     """The drafter for ``spec.method`` (None for plain decoding): the one factory.
 
     ``draft`` is an already loaded draft model; otherwise ``spec.draft`` is loaded.
+    ``prediction`` (token ids of a request's predicted output): see ``with_prediction``.
     """
     from ..config import SamplingConfig
 
-    return get(spec.method).build(spec, target, sampling or SamplingConfig(), draft)
+    sampling = sampling or SamplingConfig()
+    if prediction is not None:
+        return with_prediction(spec, target, sampling, draft, prediction)
+    return get(spec.method).build(spec, target, sampling, draft)
+
+
+def with_prediction(spec, target, sampling, draft, prediction: list[int]) -> Drafter:
+    """A request with a predicted output: the prediction drafts while the answer follows it,
+    and the request's method drafts where it does not. A method that stays in step with
+    proposals it did not make (one of ``auto``'s arms: plain decoding, lookup, the draft model,
+    EAGLE-3, the corpus, the MTP layer) is used as it is (plain decoding: the prediction
+    alone); any other (``auto`` itself, lookahead, the self-drafts, Medusa, cascade) is
+    replaced by prompt lookup.
+    Its chains are as long as this device's cost curve pays for (``chain_cap``; not adaptive:
+    ``max_draft``)."""
+    from ..targets.cost import verify_cost_curve
+    from .lookup import PromptLookupDrafter
+    from .prediction import PredictionDrafter, chain_cap
+
+    method = get(spec.method)
+    if method.arm is not None:
+        inner = method.build(spec, target, sampling, draft)
+    else:
+        inner = PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+    longest = chain_cap(verify_cost_curve(target)) if spec.adaptive else spec.max_draft
+    return PredictionDrafter(list(prediction), inner, max_chain=longest)

@@ -37,17 +37,23 @@ def prepare(positions, mask):
 
 
 def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
-           softcap: float | None = None) -> mx.array:
+           softcap: float | None = None, sinks: mx.array | None = None) -> mx.array:
     """Softmax attention of q (B, H, N, D) over k/v (B, H_kv, T, D) with an optional mask
     (boolean "may attend", or additive) broadcastable to (N, T), or a ``TreeMask`` (the tree
     attention op: ``tree_attention.py``). ``softcap``: scores become
-    ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's attention logit capping)."""
+    ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's attention logit capping).
+    ``sinks`` (H,): one extra logit per head in the softmax's denominator that attends to no
+    value (gpt-oss); the tree attention kernels take none, so with sinks a ``TreeMask`` is
+    expanded (``dense()``) and the written-out path below runs."""
     if isinstance(mask, TreeMask):
-        from .tree_attention import tree_attention  # it attends through this module (its twin)
-        return tree_attention(q, k, v, scale, mask, softcap)
+        if sinks is None:
+            from .tree_attention import tree_attention  # it attends through this module (its twin)
+            return tree_attention(q, k, v, scale, mask, softcap)
+        mask = mask.dense()
     cpu = on_cpu()
     if not cpu and softcap is None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        extra = {} if sinks is None else {"sinks": sinks}
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **extra)
     B, H, N, D = q.shape
     kv, T = k.shape[1], k.shape[2]
     rep = H // kv  # query heads sharing one key/value head, adjacent in H
@@ -58,10 +64,22 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array |
         if mask.dtype == mx.bool_:
             mask = mx.where(mask, 0.0, -math.inf).astype(mx.float32)
         scores = scores + mask
-    if cpu:
+    if sinks is not None:
+        p = _softmax_with_sinks(scores, sinks.astype(scores.dtype).reshape(1, kv, rep, 1, 1), cpu)
+    elif cpu:
         e = mx.power(math.e, scores - scores.max(axis=-1, keepdims=True))
         p = e / e.sum(axis=-1, keepdims=True)
     else:
         p = mx.softmax(scores, axis=-1, precise=True)
     p = p.astype(v.dtype).reshape(B, kv, rep * N, T)
     return (p @ v).reshape(B, H, N, v.shape[-1])
+
+
+def _softmax_with_sinks(scores: mx.array, sink: mx.array, cpu: bool) -> mx.array:
+    """softmax over [scores, sink] without the sink's column: exp(s - m) / (sum + exp(sink - m))."""
+    def exp(x):
+        return mx.power(math.e, x) if cpu else mx.exp(x)
+
+    m = mx.maximum(scores.max(axis=-1, keepdims=True), sink)
+    e = exp(scores - m)
+    return e / (e.sum(axis=-1, keepdims=True) + exp(sink - m))

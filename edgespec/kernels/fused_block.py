@@ -113,8 +113,8 @@ class FusedBlock:
             return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
         if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
             return None  # another activation or q/k norm than the fused functions compute
-        if a.softcap is not None:
-            return None  # the fused path attends without logit capping
+        if a.softcap is not None or "sinks" in a or "bias" in a.o_proj:
+            return None  # the fused path attends without logit capping, sinks or an o_proj bias
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
         names = _PACKED if quantized else ("weight",)

@@ -126,6 +126,18 @@ def compile_chat_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def _byte_level_symbols() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, symbol -> byte (printable bytes stand for themselves)."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    shifted = [b for b in range(256) if b not in keep]
+    table = {chr(b): b for b in keep}
+    table.update({chr(256 + i): b for i, b in enumerate(shifted)})
+    return table
+
+
+_UNBYTE = _byte_level_symbols()
+
+
 class Tokenizer:
     """A model's tokenizer: encode, decode, chat template, special token ids."""
 
@@ -196,6 +208,27 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may be part of a character):
+        its byte-level symbols mapped back to bytes, a byte-fallback ``<0xNN>``, else its
+        decoded text (SentencePiece's ``▁`` a space)."""
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if type(self._tok.decoder).__name__ == "ByteLevel" and all(c in _UNBYTE for c in piece):
+            return bytes(_UNBYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        text = self._tok.decode([int(token_id)], skip_special_tokens=False)
+        return (text if "\ufffd" not in text or not piece else piece.replace("\u2581", " ")).encode()
+
+    def backend_json(self) -> str:
+        """The HF ``tokenizers`` definition as a JSON string (what grammar engines read)."""
+        return self._tok.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; see the module docstring for when a BOS is added."""
         if not isinstance(text, str):
@@ -220,7 +253,7 @@ class Tokenizer:
                               f"got {messages!r:.200}")
         variables = {k: _token_content(self._config.get(k))
                      for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
-        variables.update(tools=None, documents=None, **kwargs)  # HF passes these two explicitly
+        variables.update({"tools": None, "documents": None, **kwargs})  # HF passes these two
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          **variables)

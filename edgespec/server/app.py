@@ -4,7 +4,9 @@ Contract: ``create_app(state)`` serves ``POST /v1/chat/completions``, ``POST /v1
 ``GET /v1/models`` and ``GET /health``. A request is validated and encoded on arrival
 (``convert``), queued to the single worker, and answered as one JSON body or as server-sent
 events (OpenAI chunks, a usage chunk when ``stream_options.include_usage``, then ``[DONE]``).
-Every exception, whatever raised it, is answered through ``errors.error_response``. A client that
+Every exception, whatever raised it, is answered through ``errors.error_response``. A request
+whose Host header is not one of the server's names gets 403 before anything else runs
+(``middleware.HostGuard``); browsers get CORS headers only for the ``--cors-origin`` origins. A client that
 goes away cancels its job (streaming: when the response ends for any reason; non-streaming: the
 handler polls for the disconnect), so the worker skips or stops it.
 """
@@ -27,7 +29,8 @@ from ..errors import EdgespecError
 from ..worker import Done, Failed, GenRequest, LoopJob, Worker
 from . import convert
 from .errors import UnavailableError, error_response, error_status_and_body
-from .middleware import ApiKeyGuard, BodyLimit
+from .middleware import ApiKeyGuard, BodyLimit, HostGuard, host_names
+from .logprob_format import LogprobFormat
 from .responses import DONE, KEEP_ALIVE, ChatFormat, CompletionFormat, sse
 from .schemas import (
     ChatCompletion,
@@ -39,8 +42,9 @@ from .schemas import (
     ModelList,
 )
 from .state import ServerState
+from .tools import chat_calls
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 500, 503)}
 # With "stream": true a 200 is a server-sent event stream; its schema describes one event (as
 # OpenAPI 3.2 reads text/event-stream): a JSON chunk, or "[DONE]", in ``data``.
 _SSE_EVENT = {"type": "object", "required": ["data"],
@@ -62,6 +66,8 @@ def create_app(state: ServerState) -> FastAPI:
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(s.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+    # added last, so it runs first: a request for another Host gets nothing else, not even CORS
+    app.add_middleware(HostGuard, names=host_names(s.host, s.allowed_hosts), bind=s.host)
     _add_routes(app, state)
     app.openapi = lambda: _openapi(app, bool(s.api_key))
     return app
@@ -86,14 +92,19 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
               responses={**_ERRORS, 200: _SSE})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         gen = await run_in_threadpool(convert.chat_request, body, state)  # encoding: off the loop
-        fmt = ChatFormat(state.model_name, _include_usage(body))
+        fmt = ChatFormat(state.model_name, _include_usage(body), _logprobs(gen, state))
+        fmt.calls = chat_calls(body, state)
         return await _answer(request, state.worker, gen, fmt, bool(body.stream))
 
     @app.post("/v1/completions", response_model=Completion, responses={**_ERRORS, 200: _SSE})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         gen = await run_in_threadpool(convert.completion_request, body, state)
-        fmt = CompletionFormat(state.model_name, _include_usage(body))
+        fmt = CompletionFormat(state.model_name, _include_usage(body), _logprobs(gen, state))
         return await _answer(request, state.worker, gen, fmt, bool(body.stream))
+
+
+def _logprobs(gen: GenRequest, state: ServerState) -> LogprobFormat | None:
+    return None if gen.logprobs is None else LogprobFormat(state.target.tokenizer)
 
 
 def _include_usage(body) -> bool:
@@ -106,11 +117,14 @@ async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream
         return _EventStream(job, _stream_events(job, worker, fmt))
     try:
         parts: list[str] = []
+        lps: list = []
         async for event in _events(job, worker, request):
             if isinstance(event, Step):
                 parts.append(event.text)
+                lps.extend(event.logprobs or ())
             elif isinstance(event, Done):
-                return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.stats))
+                return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.stats,
+                                             lps))
             elif isinstance(event, Failed):
                 raise event.error
         return Response(status_code=499)  # the client has gone; nobody reads this
@@ -139,8 +153,8 @@ async def _stream_events(job: LoopJob, worker: Worker, fmt) -> AsyncIterator[str
             if event is None:
                 yield KEEP_ALIVE  # fails on a closed socket, which ends (and cancels) the job
             elif isinstance(event, Step):
-                if event.text:
-                    yield sse(fmt.delta(event.text))
+                if event.text or event.logprobs:
+                    yield sse(fmt.delta(event.text, event.logprobs))
             elif isinstance(event, Done):
                 yield sse(fmt.closing(event.finish_reason))
                 if fmt.include_usage:

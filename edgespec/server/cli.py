@@ -42,14 +42,20 @@ def _guarded(fn):
               help="require 'Authorization: Bearer KEY' on /v1 [env: EDGESPEC_API_KEY]")
 @click.option("--max-tokens-limit", default=2048, show_default=True, type=int,
               help="largest max_tokens a request may ask for (also the default)")
-@click.option("--cors-origin", "cors_origins", multiple=True,
-              help="allow browser requests from this origin (repeatable; '*' for any)")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="let web pages from ORIGIN (scheme://host[:port], e.g. http://localhost:5173) "
+                   "call the API from a browser (repeatable; '*' for any origin)")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="another name requests may give in their Host header (repeatable; '*' for "
+                   "any). Served without it: localhost, 127.0.0.1, [::1] and the --host address; "
+                   "any other Host gets 403 (DNS-rebinding defence)")
 @click.option("--model-alias", "aliases", multiple=True,
               help="another name requests may use for the served model (repeatable)")
 @click.option("--no-prefix-reuse", is_flag=True,
               help="recompute every prompt instead of reusing the KV of the last request's prefix")
 @_guarded
-def serve(host, port, api_key, max_tokens_limit, cors_origins, aliases, no_prefix_reuse, **kw):
+def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, aliases,
+          no_prefix_reuse, **kw):
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
     The speculation options are every request's defaults; a request may name another available
@@ -67,8 +73,8 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, aliases, no_prefi
         model=model, method=options.given("serve", kw).get("method"), draft=draft,
         dtype=v.get("dtype"),
         spec_options=options.pick(SpecConfig, v, skip=("method", "draft")), api_key=api_key,
-        max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins),
-        aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)
+        max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins), host=host,
+        allowed_hosts=tuple(allowed_hosts), aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)
     sock = _bind(host, port)  # before loading: a busy port fails in a second, not after the load
     click.echo(f"edgespec: loading {model}" + (f" (draft {draft})" if draft else ""), err=True)
     t0 = time.perf_counter()

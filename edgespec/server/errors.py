@@ -3,7 +3,8 @@
 Contract: ``error_response(exc)`` turns any exception into an HTTP status and OpenAI's error
 body ``{"error": {"message", "type", "param", "code"}}``. Client mistakes (bad JSON, wrong types,
 values the config dataclasses reject, a prompt beyond the context window, an unknown model, a
-missing key, an oversize body) are 4xx with a message naming the bad value; anything unexpected is
+missing key, an oversize body, a field the server does not take, a Host that is not the
+server's) are 4xx with a message naming the bad value; anything unexpected is
 a 500 whose message says only that, so a request can never take the server down or leak a trace.
 """
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, UnavailableError
+from .request_model import NOT_SUPPORTED
 
 log = logging.getLogger("edgespec.server")
 
@@ -40,12 +42,17 @@ class RequestTooLargeError(EdgespecError):
     """The request body is over the server's size limit."""
 
 
+class HostNotAllowedError(EdgespecError):
+    """The request's Host header is none of the server's own names (``middleware.HostGuard``)."""
+
+
 # (exception type, HTTP status, OpenAI error type, code); the first matching row wins, so
 # subclasses come before their bases.
 _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (AuthError, 401, "invalid_request_error", "invalid_api_key"),
     (ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),
     (RequestTooLargeError, 413, "invalid_request_error", "request_too_large"),
+    (HostNotAllowedError, 403, "invalid_request_error", "host_not_allowed"),
     (ContextOverflowError, 400, "invalid_request_error", "context_length_exceeded"),
     (RequestError, 400, "invalid_request_error", None),
     (ConfigError, 400, "invalid_request_error", None),
@@ -91,6 +98,9 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str, str | N
         return "request body must be a JSON object sent with Content-Type: application/json", kind, None
     if not errors or (first.get("type") == "missing" and _field_path(first) == ()):
         return "request body is missing; send a JSON object", kind, None
+    refused = [e for e in errors if e.get("type") in (NOT_SUPPORTED, "extra_forbidden")]
+    if refused:  # a field the server does not take is the first thing to say
+        return _describe_refused(refused[0]), kind, _refused_param(refused[0])
     # a union field reports one error per member: keep the first field's errors, name it once
     top = _field_path(first)[:1]
     errors = [e for e in errors if _field_path(e)[:1] == top]
@@ -98,6 +108,22 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str, str | N
     messages = " or ".join(list(dict.fromkeys(e.get("msg", "") for e in errors))[:3])
     got = f" (got {first['input']!r:.80})" if "input" in first and first.get("type") != "missing" else ""
     return f"{param or 'request body'}: {messages}{got}", kind, param
+
+
+def _refused_param(error: dict) -> str:
+    path = _field_path(error)
+    if error.get("type") == NOT_SUPPORTED:
+        path = (*path, error["ctx"]["name"])
+    return ".".join(str(p) for p in path)
+
+
+def _describe_refused(error: dict) -> str:
+    """The message for a field the request model does not take (``request_model.py``)."""
+    param = _refused_param(error)
+    if error.get("type") == NOT_SUPPORTED:
+        return f"{param} is not supported by this server: {error['ctx']['why']}"
+    return (f"{param}: unknown field; this endpoint's fields are listed in the server's OpenAPI "
+            "schema (GET /openapi.json)")
 
 
 def _field_path(error: dict) -> tuple:

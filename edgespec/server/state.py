@@ -16,6 +16,7 @@ from .. import options
 from ..config import SpecConfig
 from ..drafters import registry
 from ..errors import ConfigError
+from ..targets.mtp import check_mtp
 from ..worker import Worker, loader
 
 MAX_BODY_BYTES = 1 << 20
@@ -38,6 +39,8 @@ class ServerSettings:
     max_tokens_limit: int = 2048
     max_body_bytes: int = MAX_BODY_BYTES
     cors_origins: tuple[str, ...] = ()
+    host: str = "127.0.0.1"  # the bind address: a name requests may use in their Host header
+    allowed_hosts: tuple[str, ...] = ()  # other such names ('*': any)
     aliases: tuple[str, ...] = ()
     reuse_prefix: bool = True
 
@@ -51,6 +54,9 @@ class ServerSettings:
             v = vars(self)[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        for name, values in (("allowed_hosts", self.allowed_hosts), ("cors_origins", self.cors_origins)):
+            if any(not isinstance(v, str) or not v.strip() or v != v.strip() for v in values):
+                raise ConfigError(f"{name} must be non-empty names without spaces, got {values!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without a key)")
 
@@ -84,6 +90,8 @@ class ServerState:
         self.methods = settings.available_methods(self.target)
         if self.method not in self.methods and registry.get(self.method).needs_head:
             registry.load_head_for(settings.spec(self.method, {}), self.target, self.method)
+        if self.method not in self.methods and registry.get(self.method).needs_mtp:
+            check_mtp(self.target)  # ConfigError naming what the checkpoint lacks
         self.created = int(time.time())
 
     @classmethod

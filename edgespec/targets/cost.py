@@ -130,7 +130,9 @@ def curve_key(target) -> str:
     from ..kernels.backend import choice_key
     from ..loading._blas import blas_info
 
-    args = {k: v for k, v in vars(target.args).items() if isinstance(v, (int, float, str, bool))}
+    args = {k: v for k, v in vars(target.args).items() if isinstance(v, (int, float, str, bool))
+            or (isinstance(v, list) and v and all(isinstance(x, (int, str)) for x in v))}
+    # lists too: which layers are sparse (mlp_only_layers) or slide (layer_types) change the cost
     parts = {"args": args, "dtype": target.dtype, "quantized": target.quantized,
              "device": str(mx.default_device()), "cpu": _cpu_name(), "blas": blas_info().name,
              "kernels": list(choice_key()),

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..cache import KVCache
+from ..errors import ModelLoadError
 from ..kernels.attention import prepare
 from ..kernels.matmul import linear
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
@@ -45,6 +47,10 @@ class DecoderArgs:
     rope_scaling: dict | None = None
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 2048
+    # checked at load (``check_layers``): the values a family's ``layer_types`` may hold (one
+    # per layer), and its "every n-th layer" fields, which must be integers >= 1
+    LAYER_TYPES: ClassVar[tuple[str, ...]] = ()
+    PERIODS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_dict(cls, config: dict):
@@ -54,6 +60,27 @@ class DecoderArgs:
     def __post_init__(self) -> None:
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.check_layers()
+
+    def check_layers(self) -> None:
+        """ModelLoadError, naming the field and what is allowed, for a config whose layer
+        pattern cannot be read: a period below 1, or ``layer_types`` (where the family reads
+        them and the config gives them) not one allowed type per layer."""
+        for name in self.PERIODS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(f"{self.model_type} config: {name} is {value!r}; it must be "
+                                     "an integer >= 1 (every n-th layer)")
+        types = getattr(self, "layer_types", None)
+        if not self.LAYER_TYPES or types is None:
+            return
+        bad = [t for t in types if t not in self.LAYER_TYPES] if isinstance(types, list) else types
+        if bad or len(types) != self.num_hidden_layers:
+            raise ModelLoadError(
+                f"{self.model_type} config: layer_types must list one of "
+                f"{', '.join(self.LAYER_TYPES)} for each of its num_hidden_layers "
+                f"({self.num_hidden_layers}); got {len(types) if isinstance(types, list) else 0} "
+                f"entries{f' (not allowed: {sorted(set(map(str, bad)))[:4]})' if bad else ''}")
 
 
 class Decoder(nn.Module):
@@ -83,19 +110,35 @@ class Decoder(nn.Module):
         """The cache policy: per layer, its sliding window (None: it attends to everything)."""
         return [None] * self.args.num_hidden_layers
 
+    def kv_sources(self) -> list[int]:
+        """Per layer, the layer whose keys/values it attends to (itself unless it shares an
+        earlier layer's: ``KVCache`` sources)."""
+        return list(range(self.args.num_hidden_layers))
+
+    def state_layers(self) -> list[int]:
+        """The layers that keep a recurrent state instead of keys/values (hybrid families:
+        ``targets/recurrent.py``); ``Target.make_cache`` then makes a ``HybridCache``."""
+        return []
+
+    def layer_inputs(self, tokens: mx.array) -> mx.array | None:
+        """Per-layer inputs of ``tokens`` (1, N): None, or (1, N, L, P) whose ``[:, :, i]``
+        block ``i`` takes as a sixth argument (Gemma 4's per-layer embeddings)."""
+        return None
+
     def __call__(self, tokens, positions, masks: Sequence, cache: KVCache,
                  layers: Sequence[int] | None = None, hidden: mx.array | None = None,
                  capture: Collection[int] = ()) -> tuple[mx.array, dict[int, mx.array]]:
         """Run ``layers`` (increasing ids; default all) over ``tokens`` (1, N), or over ``hidden``
-        (1, N, H) in place of their embedding. ``masks[slot]`` is the mask of the layer using
-        cache slot ``slot`` (``Target.score`` builds them). Returns the last layer's output
-        (1, N, H) and, for each id in ``capture``, the hidden state entering that layer (id L:
-        the last output).
+        (1, N, H) in place of their embedding (``tokens`` are still given: per-layer inputs).
+        ``masks[slot]`` is the mask of the layer using cache slot ``slot`` (``Target.score``
+        builds them). Returns the last layer's output (1, N, H) and, for each id in
+        ``capture``, the hidden state entering that layer (id L: the last output).
 
         Cache slot of layer ``i``: ``i`` when the cache has a slot per layer of the model,
         otherwise the position of ``i`` in ``layers`` (a cache made for that subset).
         """
         x = self.embed(tokens) if hidden is None else hidden
+        extra = self.layer_inputs(tokens)
         positions, _ = prepare(positions, None)
         ready: dict[int, mx.array | None] = {}  # each distinct mask converted once
         for m in masks:
@@ -109,7 +152,8 @@ class Decoder(nn.Module):
             if i in capture:
                 captured[i] = x
             slot = i if own_slots else j
-            x = blocks[i](x, positions, ready[id(masks[slot])], cache, slot)
+            args = () if extra is None else (extra[:, :, i],)
+            x = blocks[i](x, positions, ready[id(masks[slot])], cache, slot, *args)
         if len(blocks) in capture:
             captured[len(blocks)] = x
         return x, captured

@@ -25,6 +25,11 @@ def truncate_model(src: Path, num_layers: int, out: Path) -> Path:
     """Write the first ``num_layers`` layers of the model in ``src`` to ``out``."""
     src, out = Path(src), Path(out)
     config = json.loads((src / "config.json").read_text())
+    if config.get("model_type") in ("gemma4", "gemma4_text"):  # per-layer embeddings of all
+        raise ConfigError(  # L layers in one tensor, later layers reading earlier ones' KV
+            f"make-draft cannot cut {config['model_type']!r} models (per-layer embeddings, "
+            "KV-shared layers); draft with the target's own first layers instead: "
+            "--method early-exit")
     total = config["num_hidden_layers"]
     if not (isinstance(num_layers, int) and 1 <= num_layers < total):
         raise ConfigError(f"--layers must be an integer in [1, {total - 1}] for a {total}-layer "

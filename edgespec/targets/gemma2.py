@@ -30,6 +30,7 @@ FAMILY = ("gemma2",)
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    LAYER_TYPES = ("sliding_attention", "full_attention")
     head_dim: int | None = 256
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 8192
@@ -47,6 +48,16 @@ class ModelArgs(DecoderArgs):
 
     def sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == "sliding_attention"
+
+
+def softcap(logits: mx.array, cap: float | None) -> mx.array:
+    """Gemma's final logit soft-capping, ``cap * tanh(logits / cap)`` (None: none)."""
+    return logits if cap is None else mx.tanh(logits / cap) * cap
+
+
+def sliding_windows(a) -> list[int | None]:
+    """The cache window per layer: ``a.sliding_window`` where ``a.sliding(layer)``, else None."""
+    return [a.sliding_window if a.sliding(i) else None for i in range(a.num_hidden_layers)]
 
 
 def _block(a: ModelArgs) -> SandwichBlock:
@@ -68,10 +79,7 @@ class Model(Decoder):
         return self.model.embed_tokens(tokens) * self.embed_scale
 
     def logits(self, hidden: mx.array) -> mx.array:
-        cap = self.args.final_logit_softcapping
-        logits = super().logits(hidden)
-        return logits if cap is None else mx.tanh(logits / cap) * cap
+        return softcap(super().logits(hidden), self.args.final_logit_softcapping)
 
     def cache_windows(self) -> list[int | None]:
-        a = self.args
-        return [a.sliding_window if a.sliding(i) else None for i in range(a.num_hidden_layers)]
+        return sliding_windows(self.args)

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .decoder import Decoder, DecoderArgs
+from .gemma2 import sliding_windows
 from .parts import Attention, GatedMLP, OffsetRMSNorm, Rope, SandwichBlock
 
 FAMILY = ("gemma3_text",)
@@ -27,6 +28,8 @@ FAMILY = ("gemma3_text",)
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    LAYER_TYPES = ("sliding_attention", "full_attention")
+    PERIODS = ("sliding_window_pattern",)
     head_dim: int | None = 256
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
@@ -46,12 +49,16 @@ class ModelArgs(DecoderArgs):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.layer_types is None:
-            p = self.sliding_window_pattern
-            self.layer_types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention"
-                                for i in range(self.num_hidden_layers)]
+            self.layer_types = pattern_types(self.num_hidden_layers, self.sliding_window_pattern)
 
     def sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == "sliding_attention"
+
+
+def pattern_types(n: int, p: int) -> list[str]:
+    """``layer_types`` of ``n`` layers from ``sliding_window_pattern`` ``p``: every p-th layer
+    global, the others sliding."""
+    return ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
 
 
 def _block(a: ModelArgs, sliding: bool) -> SandwichBlock:
@@ -74,5 +81,4 @@ class Model(Decoder):
         return self.model.embed_tokens(tokens) * self.embed_scale
 
     def cache_windows(self) -> list[int | None]:
-        a = self.args
-        return [a.sliding_window if a.sliding(i) else None for i in range(a.num_hidden_layers)]
+        return sliding_windows(self.args)

@@ -17,6 +17,7 @@ FAMILY = ("llama", "mistral", "qwen2")
 
 @dataclass
 class ModelArgs(DecoderArgs):
+    LAYER_TYPES = ("sliding_attention", "full_attention")
     rope_traditional: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False

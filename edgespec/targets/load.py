@@ -19,6 +19,7 @@ from ..errors import ModelLoadError, UnsupportedModelError
 from ..loading.tokenizer import Tokenizer
 from .decoder import Decoder
 from .families import family_of
+from .mtp import split_mtp
 from .target import Target
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -34,9 +35,13 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     path = Path(path)
     config = _read_config(path)
     family = family_of(config)
-    args = family.args.from_dict(config)
+    try:
+        args = family.args.from_dict(config)
+    except TypeError as e:  # a required field missing (the dataclass names it)
+        raise ModelLoadError(f"{path / 'config.json'} is not a complete "
+                             f"{config.get('model_type')!r} config: {e}") from None
     weights = _read_weights(path)
-    quant = config.get("quantization") or config.get("quantization_config")
+    quant = _mlx_quantization(config.get("quantization") or config.get("quantization_config"))
     dtype = dtype or default_dtype()
     if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
@@ -53,7 +58,7 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     if cast is not None:
         weights = {k: v.astype(cast) if mx.issubdtype(v.dtype, mx.floating) else v
                    for k, v in weights.items()}
-    weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
+    weights, mtp = split_mtp({k: v for k, v in weights.items() if "rotary_emb" not in k})
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     try:
@@ -64,7 +69,8 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     mx.eval(model.parameters())
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)
-    return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized)
+    return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized,
+                  mtp)
 
 
 def _read_config(path: Path) -> dict:
@@ -91,8 +97,26 @@ def _read_weights(path: Path) -> dict[str, mx.array]:
 
 
 def _quant_params(quant: dict, name: str) -> tuple[int, int]:
-    own = quant.get(name) if isinstance(quant.get(name), dict) else {}
+    own = quant.get(name, quant.get("language_model." + name))  # or a text_config model's
+    own = own if isinstance(own, dict) else {}
     return own.get("group_size", quant.get("group_size", 64)), own.get("bits", quant.get("bits", 4))
+
+
+def _quant_mode(quant: dict, name: str) -> str:
+    """A layer's quantization mode: affine (scales and biases), or mxfp4 and the other
+    microscaled ones (uint8 shared exponents, no biases: mlx-community's gpt-oss). A layer's
+    own entry without a mode is affine, as mlx-lm reads it (the 8-bit routers of an MXFP4
+    gpt-oss)."""
+    own = quant.get(name, quant.get("language_model." + name))
+    return own.get("mode", "affine") if isinstance(own, dict) else quant.get("mode", "affine")
+
+
+def _mlx_quantization(quant: dict | None) -> dict | None:
+    """Hugging Face's ``quantization_config`` of OpenAI's MXFP4 checkpoints (quant_method mxfp4:
+    the experts' ``*_blocks``/``*_scales``, which the family's sanitize renames) as mlx-lm's."""
+    if quant is not None and quant.get("quant_method") == "mxfp4":
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    return quant
 
 
 def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
@@ -103,10 +127,12 @@ def _dequantize(weights: dict, quant: dict, dtype) -> dict[str, mx.array]:
         base = k.rsplit(".", 1)[0]
         if k.endswith(".weight") and base + ".scales" in weights:
             gs, bits = _quant_params(quant, base)
+            mode = _quant_mode(quant, base)
             biases = weights.get(base + ".biases")  # computed in ``dtype``: float16 scales
-            v = mx.dequantize(v, weights[base + ".scales"].astype(dtype),  # (GGUF's) would round
+            scales = weights[base + ".scales"]  # (GGUF's) would round; mxfp4's are exponents
+            v = mx.dequantize(v, scales.astype(dtype) if mode == "affine" else scales,
                               None if biases is None else biases.astype(dtype),
-                              group_size=gs, bits=bits)
+                              group_size=gs, bits=bits, mode=mode)
         out[k] = v
     return out
 
@@ -116,7 +142,8 @@ def _quantize_like(model: Decoder, weights: dict, quant: dict) -> None:
         if f"{name}.scales" not in weights:
             return False
         gs, bits = _quant_params(quant, name)
-        return {"group_size": gs, "bits": bits}
+        mode = _quant_mode(quant, name)
+        return {"group_size": gs, "bits": bits, **({} if mode == "affine" else {"mode": mode})}
 
     try:
         nn.quantize(model, class_predicate=predicate)

@@ -33,6 +33,7 @@ class LowerLayers:
         """Start a step that feeds at most ``nodes`` nodes (a sliding window compacts now,
         before any slot is filled)."""
         self.cache.reserve(nodes)
+        self.cache.hold()  # the feeds are committed one by one and trimmed back over
         self.tokens, self.hidden = [], []
 
     def feed(self, token: int) -> mx.array:
@@ -51,6 +52,12 @@ class LowerLayers:
     @property
     def fed(self) -> bool:
         return bool(self.tokens)
+
+    def drop(self) -> None:
+        """Forget the fed nodes (their provisional slots leave the committed length): the engine
+        verifies another tree than the fed chain, scoring it through every layer."""
+        self.cache.trim(len(self.tokens))
+        self.tokens, self.hidden = [], []
 
     def score(self, tree: DraftTree):
         """Verification of a tree whose nodes were all fed: the upper layers only."""

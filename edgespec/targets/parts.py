@@ -58,8 +58,11 @@ class Rope:
             return cls(dims, theta, 1.0 / float(scaling["factor"]), traditional=traditional)
         if kind == "llama3":
             return cls(dims, None, freqs=_llama3_freqs(dims, theta, scaling), traditional=traditional)
+        if kind == "yarn":
+            freqs, mscale = _yarn(dims, theta, scaling)
+            return cls(dims, None, freqs=freqs, traditional=traditional, mscale=mscale)
         raise UnsupportedModelError(
-            f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3")
+            f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, yarn")
 
     def __call__(self, x: mx.array, positions) -> mx.array:
         return rope(x, positions, self.dims, self.mscale, traditional=self.traditional,
@@ -76,6 +79,32 @@ def _llama3_freqs(dims: int, theta: float, s: dict) -> mx.array:
     freqs = mx.where(wavelen > old_ctx / low, freqs * factor, freqs)
     in_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
     return mx.where(in_mid, mid, freqs)
+
+
+def _yarn(dims: int, theta: float, s: dict) -> tuple[mx.array, float]:
+    """YaRN (gpt-oss): wavelengths between the fast and slow corrections blended from the
+    extrapolated to the interpolated ones, and the rotated features scaled by its mscale.
+    ``truncate`` (Hugging Face's, default true) rounds the blend's range to whole dimensions."""
+    factor = float(s["factor"])
+    old_ctx = s.get("original_max_position_embeddings", 4096)
+
+    def dim_of(rotations: float) -> float:
+        return dims * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(s.get("beta_fast", 32)), dim_of(s.get("beta_slow", 1))
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    high = high + 0.001 if low == high else high
+    ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
+    extra = theta ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    inter = factor * extra
+    freqs = inter * extra / (inter * (1 - ramp) + extra * ramp)
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    return freqs, mscale(s.get("mscale", 1)) / mscale(s.get("mscale_all_dim", 0))
 
 
 class OffsetRMSNorm(nn.Module):
@@ -96,11 +125,13 @@ class Attention(nn.Module):
     ``qk_norm``: a norm class applied to each head of q and k before RoPE (qwen3, gemma3), or
     None. ``scale`` multiplies q·k (head_dim ** -0.5 unless the family says otherwise);
     ``softcap`` caps the scores to ``softcap * tanh(s / softcap)`` before the mask (gemma2).
+    ``o_bias``: o_proj has a bias too; ``sinks``: a learned per-head sink logit in the softmax
+    (gpt-oss; ``kernels.attention.attend``).
     """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, rope: Rope,
                  scale: float, bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None,
-                 softcap: float | None = None):
+                 softcap: float | None = None, o_bias: bool = False, sinks: bool = False):
         super().__init__()
         self.h, self.kv, self.d = heads, kv_heads, head_dim
         self.scale = scale
@@ -109,7 +140,9 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        if sinks:
+            self.sinks = mx.zeros((heads,))
         self.q_norm = qk_norm(head_dim) if qk_norm is not None else None
         self.k_norm = qk_norm(head_dim) if qk_norm is not None else None
 
@@ -123,7 +156,8 @@ class Attention(nn.Module):
         q = self.rope(q.transpose(0, 2, 1, 3), positions)
         k = self.rope(k.transpose(0, 2, 1, 3), positions)
         k, v = cache.write(layer, k, v)
-        out = attend(q, k, v, self.scale, mask, self.softcap)
+        out = attend(q, k, v, self.scale, mask, self.softcap,
+                     self["sinks"] if "sinks" in self else None)
         return project(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, N, -1))
 
 

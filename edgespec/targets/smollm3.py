@@ -21,6 +21,7 @@ FAMILY = ("smollm3",)
 
 @dataclass
 class ModelArgs(llama.ModelArgs):
+    PERIODS = ("no_rope_layer_interval",)
     no_rope_layer_interval: int = 4
     no_rope_layers: list[int] | None = None
 

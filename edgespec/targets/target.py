@@ -17,12 +17,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import KVCache
+from ..errors import ConfigError
 from ..kernels.backend import metal_kernels, use_native_tree_attention
 from ..kernels.compact import gather_rows
 from ..kernels.tree_mask import MAX_NODES, tree_mask
 from ..loading.tokenizer import Tokenizer
 from ..tree import DraftTree, attention_mask, chain_mask
 from .decoder import Decoder, DecoderArgs
+from .state_cache import HybridCache
 
 @dataclass
 class TargetOutput:
@@ -33,8 +35,13 @@ class TargetOutput:
 
 class Target:
     def __init__(self, model: Decoder, tokenizer: Tokenizer, path: Path | None = None,
-                 dtype: str = "float32", quantized: bool = False):
+                 dtype: str = "float32", quantized: bool = False,
+                 mtp_weights: dict[str, mx.array] | None = None):
+        """``mtp_weights``: the checkpoint's multi-token-prediction layer (``mtp.*``, sanitized
+        like the rest; none for most checkpoints), which ``targets/mtp.py`` builds the MTP
+        drafter's layer from; the model itself loads without them."""
         self.model = model
+        self.mtp_weights = mtp_weights or {}
         self.args: DecoderArgs = model.args
         self.tokenizer = tokenizer
         self.path = path
@@ -55,10 +62,21 @@ class Target:
 
     def make_cache(self, layers: Sequence[int] | None = None) -> KVCache:
         """A cache for all layers, or for ``layers`` only (slot j for ``layers[j]``), with each
-        layer's window from the model's cache policy."""
-        windows = self.model.cache_windows()
-        layers = range(self.num_layers) if layers is None else layers
-        return KVCache(len(layers), window=[windows[i] for i in layers], gather=gather_rows)
+        layer's window and key/value source from the model's cache policy; a subset that runs a
+        KV-shared layer must run its source too (ConfigError naming both)."""
+        windows, sources = self.model.cache_windows(), self.model.kv_sources()
+        layers = list(range(self.num_layers) if layers is None else layers)
+        missing = {i: sources[i] for i in layers if sources[i] not in layers}
+        if missing:
+            raise ConfigError(
+                f"layers {layers} run KV-shared layers without the layers whose keys/values they "
+                f"read ({', '.join(f'{i} reads {s}' for i, s in missing.items())}); add those")
+        kv = dict(window=[windows[i] for i in layers], gather=gather_rows,
+                  sources=[layers.index(sources[i]) for i in layers])
+        recurrent = [j for j, i in enumerate(layers) if i in self.model.state_layers()]
+        if recurrent:  # a hybrid model's recurrent layers keep states (``state_cache``)
+            return HybridCache(len(layers), recurrent, **kv)
+        return KVCache(len(layers), **kv)
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Final norm + LM head over hidden states (..., H) of the last layer."""
@@ -78,14 +96,16 @@ class Target:
         tree = tokens if isinstance(tokens, DraftTree) else None
         ids = tree.tokens if tree is not None else tokens
         n = len(ids)
-        cache.reserve(n)  # may drop entries that left the window: before the mask is built
         chain = tree is None or tree.is_chain
+        # may drop entries that left the window: before the mask is built; a tree (a draft,
+        # which may be accepted in part) also tells recurrent layers to keep every node's state
+        cache.reserve(n, tree)
         positions = cache.offset if chain else cache.offset + tree.depths()
         masks = _masks(None if chain else tree, n, cache)
         if hidden is not None and hidden.shape[0] != n:
             raise ValueError(f"hidden has {hidden.shape[0]} rows for {n} tokens")
         x, captured = self.model(
-            None if hidden is not None else (ids if isinstance(ids, mx.array) else mx.array(ids))[None],
+            (ids if isinstance(ids, mx.array) else mx.array(ids))[None],
             positions, masks, cache, layers, None if hidden is None else hidden[None], capture)
         x = x[0]
         return TargetOutput(self.logits(x) if head else None, x,
