@@ -82,8 +82,8 @@ class PredictionDrafter(Drafter):
     # Chain length by the match that re-aligned the pointer (1, 2, 3, 4+ tokens), how far past
     # the last aligned position a 1-token match may re-align, and the shortest match that
     # re-aligns before any miss: chosen by replaying the demo model's greedy answers to the
-    # edits workload against its cost curve (scripts/prediction_sim.py): estimated 3.46x plain
-    # decoding with lookup drafting between, against 3.27x for (2, 4, 8, 16), 32 and 1.
+    # edits workload against its cost curve (scripts/prediction_sim.py; docs/measurements.md,
+    # "Predicted outputs: the edits workload").
     _REACH = (0, 1, 2, 4, 8)
     SKIP = 16
     MIN_MATCH = 2
