@@ -1,7 +1,7 @@
 """Replay the prediction drafter against recorded greedy answers, timed by the cost curve.
 
 Generates (once, cached in --answers) the demo model's plain greedy answers to the edits
-workload, then replays ``registry.with_prediction``'s drafter for a method against them: each
+workload, then replays ``prediction.with_prediction``'s drafter for a method against them: each
 step's proposal is verified against the recorded answer (what greedy verification does), and
 its time estimated as this device's verify-cost curve at the tree's size. Reports per row and
 overall: forwards, kept/rejected prediction tokens and the estimated speedup against plain

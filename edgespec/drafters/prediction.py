@@ -21,7 +21,7 @@ Where the prediction has nothing to say (the new text of an edit, or after the p
 end) the ``inner`` drafter proposes: the request's own method. It sees every committed token
 (an empty tree in ``update`` when the prediction proposed, as ``auto`` keeps its arms in step),
 so it must be a drafter that stays in step with proposals it did not make (``auto``'s arms:
-``registry.with_prediction`` chooses).
+``with_prediction`` chooses).
 
 Deterministic proposals (no ``q``): lossless for greedy and sampling alike, as prompt lookup.
 It counts the prediction tokens it drafted that the target kept and rejected
@@ -211,3 +211,25 @@ def chain_cap(curve) -> int:
         return (1 - ALIGNED ** (k + 1)) / (1 - ALIGNED) / curve.ms(k + 1)
 
     return max(range(1, 64), key=rate)
+
+
+def with_prediction(spec, target, sampling, draft, prediction: list[int]) -> Drafter:
+    """A request with a predicted output: the prediction drafts while the answer follows it,
+    and the request's method drafts where it does not. A method that stays in step with
+    proposals it did not make (one of ``auto``'s arms: plain decoding, lookup, the draft model,
+    EAGLE-3, the corpus, the MTP layer) is used as it is (plain decoding: the prediction
+    alone); any other (``auto`` itself, lookahead, the self-drafts, Medusa, cascade) is
+    replaced by prompt lookup.
+    Its chains are as long as this device's cost curve pays for (``chain_cap``; not adaptive:
+    ``max_draft``)."""
+    from ..targets.cost import verify_cost_curve
+    from .lookup import PromptLookupDrafter
+    from .registry import get
+
+    method = get(spec.method)
+    if method.arm is not None:
+        inner = method.build(spec, target, sampling, draft)
+    else:
+        inner = PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
+    longest = chain_cap(verify_cost_curve(target)) if spec.adaptive else spec.max_draft
+    return PredictionDrafter(list(prediction), inner, max_chain=longest)

@@ -398,33 +398,14 @@ def make_drafter(spec: SpecConfig, target: Target, sampling: SamplingConfig | No
     """The drafter for ``spec.method`` (None for plain decoding): the one factory.
 
     ``draft`` is an already loaded draft model; otherwise ``spec.draft`` is loaded.
-    ``prediction`` (token ids of a request's predicted output): see ``with_prediction``.
+    ``prediction`` (token ids of a request's predicted output): see
+    ``prediction.with_prediction``.
     """
     from ..config import SamplingConfig
 
     sampling = sampling or SamplingConfig()
     if prediction is not None:
+        from .prediction import with_prediction
+
         return with_prediction(spec, target, sampling, draft, prediction)
     return get(spec.method).build(spec, target, sampling, draft)
-
-
-def with_prediction(spec, target, sampling, draft, prediction: list[int]) -> Drafter:
-    """A request with a predicted output: the prediction drafts while the answer follows it,
-    and the request's method drafts where it does not. A method that stays in step with
-    proposals it did not make (one of ``auto``'s arms: plain decoding, lookup, the draft model,
-    EAGLE-3, the corpus, the MTP layer) is used as it is (plain decoding: the prediction
-    alone); any other (``auto`` itself, lookahead, the self-drafts, Medusa, cascade) is
-    replaced by prompt lookup.
-    Its chains are as long as this device's cost curve pays for (``chain_cap``; not adaptive:
-    ``max_draft``)."""
-    from ..targets.cost import verify_cost_curve
-    from .lookup import PromptLookupDrafter
-    from .prediction import PredictionDrafter, chain_cap
-
-    method = get(spec.method)
-    if method.arm is not None:
-        inner = method.build(spec, target, sampling, draft)
-    else:
-        inner = PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
-    longest = chain_cap(verify_cost_curve(target)) if spec.adaptive else spec.max_draft
-    return PredictionDrafter(list(prediction), inner, max_chain=longest)

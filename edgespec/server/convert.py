@@ -67,7 +67,7 @@ def _chat_logprobs(body: ChatCompletionRequest) -> int | None:
 
 
 def _prediction(p: Prediction | None, state: ServerState) -> tuple[int, ...] | None:
-    """The predicted output's token ids (drafted first: ``registry.with_prediction``)."""
+    """The predicted output's token ids (drafted first: ``prediction.with_prediction``)."""
     if p is None:
         return None
     if p.type != "content":
