@@ -1,4 +1,4 @@
-"""edgespec: MLX-native speculative decoding — a local LLM, several times faster, same output.
+"""edgespec: MLX-native speculative decoding — a local LLM, faster, same output.
 
 For apps (docs/api.md)::
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigError, EdgespecError
+from .extras import missing_extra
 
 FORMATS = ("png", "svg")
 BASELINE = "none"
@@ -23,6 +24,10 @@ def check_plot_path(path) -> str:
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in FORMATS:
         raise ConfigError(f"--plot file must end in .png or .svg, got {str(path)!r}")
+    try:  # before the bench runs, not after
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise missing_extra("edgespec bench --plot", e) or e
     return fmt
 
 

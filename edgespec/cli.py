@@ -15,8 +15,10 @@ import sys
 import click
 
 from . import options
+from .drafters.default import method_for_model
 from .drafters.registry import NAMES
 from .errors import EdgespecError
+from .extras import missing_extra
 from .training import settings as train_settings
 from .training.settings import KINDS as TRAIN_KINDS
 
@@ -35,6 +37,12 @@ def guarded(fn):
             return fn(*args, **kwargs)
         except EdgespecError as e:
             _fail(str(e))
+        except ModuleNotFoundError as e:  # an optional module: name the extra that brings it
+            ctx = click.get_current_context(silent=True)
+            err = missing_extra(f"edgespec {ctx.info_name if ctx else fn.__name__}", e)
+            if err is None:
+                raise
+            _fail(str(err))
         except KeyboardInterrupt:
             click.echo("\nedgespec: interrupted", err=True)
             sys.exit(130)
@@ -64,8 +72,10 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except ImportError as e:
-            raise click.ClickException(f"`edgespec {name}` needs {e.name!r}, which is not installed; "
-                                       "run scripts/setup.sh or pip install 'edgespec'") from None
+            err = missing_extra(f"edgespec {name}", e)
+            if err is None:
+                raise
+            _fail(str(err))
 
     def format_commands(self, ctx, formatter):
         rows = [(n, (self.lazy[n][1] if n in self.lazy else
@@ -82,13 +92,13 @@ def main() -> None:
 
 def load_engine(c: options.Configs, method_named: bool = True, prediction: str | None = None):
     """The engine for ``c``; unless ``method_named``, its method is the interactive default for
-    the loaded model (``options.method_for_model``: an EAGLE-3 head or the corpus where one is
+    the loaded model (``method_for_model``: an EAGLE-3 head or the corpus where one is
     found). ``prediction``: a predicted output's text, drafted first (``--prediction``)."""
     from . import Engine, load_target, make_drafter
     from .prompt import encode_prediction
 
     target = load_target(c.model.model, dtype=c.model.dtype)
-    spec = options.method_for_model(c.spec, method_named, target)
+    spec = method_for_model(c.spec, method_named, target)
     predicted = None if prediction is None else encode_prediction(target.tokenizer, prediction)
     return Engine(target, make_drafter(spec, target, c.sampling, prediction=predicted), c.sampling)
 

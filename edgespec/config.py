@@ -5,7 +5,7 @@ bad value and the allowed range, so every surface gets the same checks and the s
 These classes are the one definition of every option: ``options.py`` generates the CLI flags, the
 server's request fields and the configs built from either from their fields (a field's
 ``metadata["help"]`` is its help text; ``metadata["choices"]`` its allowed values).
-The method names come from the drafter registry (``drafters/registry.py``).
+The method names and what each method reads come from the method table (``methods.py``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .drafters import registry
+from . import methods
 from .errors import ConfigError
 
-METHODS = registry.NAMES
-"""Drafting methods the engine knows, in the registry's order."""
+METHODS = methods.NAMES
+"""Drafting methods the engine knows, in the method table's order."""
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_DRAFT = 12
@@ -83,13 +83,13 @@ class SpecConfig:
     """Which drafter proposes tokens and how many per step.
 
     A field whose metadata says ``exclusive`` is an option of the methods that read it (the
-    registry's ``reads``): setting it for another method is an error, not silently ignored.
+    method table's ``reads``): setting it for another method is an error, not silently ignored.
     """
 
     method: str = field(default="none", metadata={
         "help": "drafting method: " + ", ".join(METHODS), "choices": METHODS})
     draft: str | None = field(default=None, metadata={
-        "help": "draft model reference (methods " + ", ".join(registry.readers("draft")) + ")"})
+        "help": "draft model reference (methods " + ", ".join(methods.readers("draft")) + ")"})
     num_draft: int = field(default=4, metadata={"help": "draft tokens per step (the starting length if adaptive)"})
     adaptive: bool = field(default=True, metadata={"help": "grow/shrink the draft length with acceptance"})
     max_draft: int | None = field(default=None, metadata={
@@ -98,18 +98,18 @@ class SpecConfig:
         "help": "layers the early-exit draft runs (method 'early-exit'); default: calibrated",
         "exclusive": True})
     head: str | None = field(default=None, metadata={
-        "help": "trained head directory (methods " + ", ".join(registry.readers("head"))
+        "help": "trained head directory (methods " + ", ".join(methods.readers("head"))
                 + "); default: the one found for the model (`edgespec train` makes one)",
         "exclusive": True})
     draft_bits: int = field(default=4, metadata={"help": "bits of the quantized self-draft (method 'quantized'): 2, 3, 4 or 8"})
     head_bits: int | None = field(default=None, metadata={
         "help": "bits the EAGLE-3 head's weights are group-quantized to when it is loaded (methods "
-                + ", ".join(registry.readers("head_bits")) + "): 8 or 4, or 0 for float32; default: "
+                + ", ".join(methods.readers("head_bits")) + "): 8 or 4, or 0 for float32; default: "
                 "8 where the native CPU kernels run its products, else float32",
         "exclusive": True})
 
     def __post_init__(self) -> None:
-        method = registry.get(self.method) if isinstance(self.method, str) else None
+        method = methods.get(self.method) if isinstance(self.method, str) else None
         _check(method is not None, f"method must be a string, one of: {', '.join(METHODS)}; "
                                    f"got {self.method!r}")
         n = self.num_draft
@@ -136,7 +136,7 @@ class SpecConfig:
                f"head_bits must be 0 (float32), 4 or 8, got {self.head_bits!r}")
         for f in dataclasses.fields(self):
             if f.metadata.get("exclusive") and vars(self)[f.name] != f.default:
-                owners = registry.readers(f.name)
+                owners = methods.readers(f.name)
                 _check(f.name in method.reads, f"{f.name} applies to method "
                        f"{' or '.join(map(repr, owners))} only (method is {self.method!r})")
 

@@ -20,7 +20,7 @@ products take at least n x (those weights) / (the multiply-adds per second the c
 an FMA loop, measured by the native module's ``fma_peak``); a verify of n tokens can cost about
 what one costs only while that floor stays under the bandwidth floor of one token. The same loop
 on one thread alone, taking turns with all of them, says whether the cores really are separate
-at the moment: on the 2-core dev VMs the host sometimes runs both on one physical core (two
+at the moment: on small shared VMs the host sometimes runs two of them on one physical core (two
 loops side by side then get half a core each), which doubles the cost of many-row products.
 """
 
@@ -47,6 +47,10 @@ from .targets.weight_arena import huge_pages_wanted
 
 _CONTEXT, _ROUNDS = 128, 15
 _DECODE_ROUNDS = 5  # plain decoding and the bandwidth read, taking turns
+# An 8-token forward at most this many times a 1-token one: verifying a draft tree costs about
+# what a plain step costs, so every accepted draft token is nearly free. Past it only long
+# accepted runs pay, and past _COSTLY_RATIO verifying drafts rarely pays at all.
+FRIENDLY_RATIO, _COSTLY_RATIO = 1.4, 2.0
 
 
 def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
@@ -55,7 +59,8 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
 
     The sizes take turns, round by round, after one warm-up round that is not counted: on a
     shared machine drift then lands on every size alike, where timing one size after another
-    let a slow spell make the 8/1 ratio anything from 1.2 to 1.5 (same code, same VM)."""
+    let a slow spell move the 8/1 ratio far more than any code change did (same code, same
+    machine)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     cache = target.make_cache()
@@ -92,8 +97,8 @@ def stream_bandwidth(mib: int = 256, repeats: int = 7) -> float:
 def decode_and_bandwidth(engine, rounds: int = _DECODE_ROUNDS) -> tuple[list[float], list[float]]:
     """Plain decoding's tokens/s (64 tokens of a short poem) and ``stream_bandwidth``, taking
     turns for ``rounds`` rounds after a warm-up: the share of the bandwidth limit compares the
-    two, and on a shared VM both drift by several percent within a minute (stop 27: single
-    measurements gave 81-87% in one hour)."""
+    two, and on a shared VM both drift by several percent within a minute, so that single
+    measurements of the share scatter."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     engine.generate([{"role": "user", "content": "Count from one to twenty in words."}], max_tokens=8)
@@ -166,10 +171,34 @@ def fma_rates() -> tuple[float, float, float, int] | None:
             mod.threads())
 
 
-def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
+def curve_verdict(ratio: float) -> str:
+    """What an 8-token / 1-token forward ratio says about speculation on this machine."""
+    if ratio <= FRIENDLY_RATIO:
+        return "speculation-friendly"
+    if ratio <= _COSTLY_RATIO:
+        return f"above {FRIENDLY_RATIO}x: only long accepted runs pay"
+    return "verifying drafts is expensive here"
+
+
+def other_curve(model_ref: str, target) -> dict | None:
+    """The forward curve of the model's other form: the float32 one beside a kept-quantized
+    target, the kept-quantized one beside a float target whose checkpoint is quantized; None
+    when the checkpoint has only one form."""
+    other = load(model_ref, dtype="float32" if target.quantized else "auto", progress=False)
+    if other.quantized == target.quantized:
+        return None
+    times = forward_times(other)
+    return {"dtype": other.dtype, "quantized": other.quantized,
+            "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()}}
+
+
+def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: bool = True) -> dict:
+    """Every finding as a dict. ``both_curves``: also time the forward curve of the model's other
+    form (float beside quantized), so the two can be read side by side."""
     info = blas_info()
     target = load(model_ref, dtype=dtype)
     times = forward_times(target)
+    other = other_curve(model_ref, target) if both_curves else None
     decode, bandwidths = decode_and_bandwidth(Engine(target))
     bandwidth, weight_bytes = statistics.median(bandwidths), streamed_bytes(target)
     shares = [t * weight_bytes / b for t, b in zip(decode, bandwidths)]
@@ -185,6 +214,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None) -> dict:
         "model": target.name, "dtype": target.dtype, "layers": target.num_layers,
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
+        "quantized": target.quantized,
+        "other_curve": other,
         "plain_decode_tok_s": round(statistics.median(decode), 2),
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "streamed_weights_mb": round(weight_bytes / 2**20, 1),
@@ -210,6 +241,18 @@ def _expert_read(target) -> dict[int, float] | None:
             for n in (1, 2, 4, 8, 16)}
 
 
+def _other_curve_lines(other: dict | None) -> list[str]:
+    if not other:
+        return []
+    fwd = other["forward_ms"]
+    form = "kept quantized" if other["quantized"] else other["dtype"]
+    ratio = fwd[8] / fwd[1]
+    return [f"  {form:<9}" + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in fwd.items()),
+            f"           8-token / 1-token = {ratio:.2f}x, 16-token / 1-token = "
+            f"{fwd[16] / fwd[1]:.2f}x  ({curve_verdict(ratio)}; the same model {form}, "
+            f"--dtype {'auto' if other['quantized'] else other['dtype']})"]
+
+
 def format_findings(f: dict) -> str:
     b = f["blas"]
     ok_blas = b["name"] not in ("reference",)
@@ -226,7 +269,8 @@ def format_findings(f: dict) -> str:
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"
         + ("" if not {1, 16} <= set(fwd) else f", 16-token / 1-token = {fwd[16] / fwd[1]:.2f}x")
-        + ("  (speculation-friendly)" if ratio <= 2.0 else "  (verifying drafts is expensive here)"),
+        + f"  ({curve_verdict(ratio)})",
+        *_other_curve_lines(f.get("other_curve")),
         "plain decoding  " + phrase("tokens_per_s", f["plain_decode_tok_s"]),
         f"bandwidth  {f['bandwidth_gb_s']:.1f} GB/s read (all cores) / {f['streamed_weights_mb']:.0f} MB "
         f"of weights per token = {f['bandwidth_limit_tok_s']:.1f} tok/s limit; plain decoding "

@@ -23,8 +23,9 @@ accepted path (``logprobs.py``), so drafting never changes them.
 Plain greedy decoding (no drafter, greedy, the CPU's accept, no rules) runs the same forwards
 pipelined, as mlx-lm does: step t+1's graph is built from step t's lazy argmax and started
 (``mx.async_eval``) before step t's token is read back, so building the graph, masks and
-bookkeeping (~3-5 ms a step on the dev VM) overlaps the forward. ``Engine(pipeline=False)``
-runs the step loop instead (the tests check the two give the same tokens and logprobs).
+bookkeeping (a measurable share of a small model's step on a CPU) overlaps the forward.
+``Engine(pipeline=False)`` runs the step loop instead (the tests check the two give the same
+tokens and logprobs).
 
 The loop receives token ids: prompts are encoded (chat template included) up front by
 ``prompt.encode_prompt``, and the context window is checked once, by ``prompt.check_context``.

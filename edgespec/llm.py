@@ -8,8 +8,10 @@ Contract:
   the CLI's flags and the server's request fields: given to ``load`` they are every call's
   defaults, given to a call they apply to that call. They are validated on the caller's thread
   before anything is queued; a bad name or value raises :class:`ConfigError` naming it and
-  what is allowed. Speculation is lossless: options change the speed, never the output (except
-  the sampling and stop options, which say what to generate).
+  what is allowed. A sampling option given to neither defaults to the model's own setting
+  (its generation_config.json, ``generation_defaults.py``), else to greedy. Speculation is
+  lossless: options change the speed, never the output (except the sampling and stop options,
+  which say what to generate).
 - ``chat`` takes chat messages (a str is one user message) and applies the model's chat
   template; ``complete`` continues raw text (or token ids). ``stream`` / ``astream`` yield the
   steps as they come (``raw=True``: like ``complete``); ``achat`` / ``acomplete`` are awaitable.
@@ -47,9 +49,11 @@ import pydantic
 from . import options
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from .drafters import registry
+from .drafters.default import interactive_method
 from .engine import Result
 from .errors import ConfigError, GrammarError
 from .fim import encode_fim, fim_format
+from .generation_defaults import model_sampling
 from .grammar import Grammar, check_stop, from_response_format
 from .logprobs import check_top
 from .prompt import check_context, encode_prediction, encode_prompt
@@ -84,12 +88,14 @@ class LLM:
         self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
         if "method" not in given:  # the interactive default, now that the model is known
             try:
-                method = options.interactive_method(self._defaults.get("draft"), self.target,
-                                                    self._defaults.get("head"))
+                method = interactive_method(self._defaults.get("draft"), self.target,
+                                            self._defaults.get("head"))
             except BaseException:
                 self._closer()  # a head that does not fit: stop the worker, then say why
                 raise
             self._defaults = {**self._defaults, "method": method}
+        # the model's own sampling settings (generation_config.json), under load's options
+        self._defaults = {**model_sampling(self.target.path), **self._defaults}
 
     # -- what it is -----------------------------------------------------------------------------
 
@@ -273,7 +279,7 @@ def load(model: str | Target = "demo", *, progress: bool = True, **options: Any)
 
     ``options`` are every call's defaults; a call may override any of them but ``draft`` and
     ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft
-    model, else 'eagle3' where an EAGLE-3 head is found and pays (``options.eagle3_pays``),
+    model, else 'eagle3' where an EAGLE-3 head is found and pays (``drafters.default.eagle3_pays``),
     else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
     download / conversion progress.
     """

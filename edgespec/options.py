@@ -19,59 +19,14 @@ from typing import NamedTuple
 import click
 
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from .drafters import registry
+from .drafters.default import interactive_method
 from .errors import ConfigError
-from .heads.find import head_kind
+from .generation_defaults import CHAT, READ
+from .methods import get as method_entry
 
 CONFIGS = (ModelConfig, SpecConfig, SamplingConfig, GenerationConfig)
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": tuple}
 _ALIASES = {"temperature": ("--temp",)}  # short spellings kept for existing scripts
-
-
-def interactive_method(draft: str | None, target=None, head: str | None = None) -> str:
-    """The method of ``chat``, ``serve`` and the Python API when none is named:
-    - 'draft' with a draft model;
-    - the kind of a ``head`` folder given (``--head``) whose config names it;
-    - 'eagle3' when an EAGLE-3 head is found for the loaded ``target``, the target's weights are
-      not quantized and the native CPU kernels run (``eagle3_pays``): where it was measured to
-      beat the corpus. On 32 held-out training-style questions (the heads' Magpie questions
-      that were never answered or trained on): 1.91x plain decoding against the corpus's 1.75x
-      (AMD EPYC, stop 29);
-    - else 'corpus' when a corpus (``edgespec train corpus``) is found (1.44x plain decoding on
-      40 MT-bench prompts of the demo model against lookup's 1.30x, 1.37x against 1.20x at
-      temperature 0.7);
-    - else 'lookup', the best method that needs nothing.
-    Without ``target`` (before the model is loaded) no head is looked for; each surface asks
-    again once its model is loaded, when no method was named (``method_for_model``)."""
-    if draft is not None:
-        return "draft"
-    if head is not None:  # a head or corpus folder given: its own method, when its config says
-        kind = head_kind(head)
-        if kind in registry.NAMES and registry.get(kind).needs_head:
-            return kind
-    if target is None:
-        return "lookup"
-    found = registry.heads_for(target, head)
-    if "eagle3" in found and eagle3_pays(target):
-        return "eagle3"
-    return "corpus" if "corpus" in found else "lookup"
-
-
-def eagle3_pays(target) -> bool:
-    """Whether an EAGLE-3 head is the default here: a float target whose products the native
-    CPU kernels run. Elsewhere it was not measured to pay: on a 4-bit target a head's forwards
-    are a larger share of a step (stop 25: 0.70x), and no GPU run of the default was made."""
-    from .kernels.backend import native_enabled
-
-    return not target.quantized and native_enabled()
-
-
-def method_for_model(spec: SpecConfig, named: bool, target) -> SpecConfig:
-    """``spec`` with the interactive default for the loaded ``target`` unless a method was
-    ``named``."""
-    if named:
-        return spec
-    return dataclasses.replace(spec, method=interactive_method(spec.draft, target, spec.head))
 
 
 @dataclass(frozen=True)
@@ -105,18 +60,25 @@ _INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'eag
                                               "'lookup'")
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
+# sampling: the model's own settings come first (generation_defaults.py), then these fallbacks
+_NO_MODEL = "where the model's generation_config.json sets no sampling"
+_CHAT = {k: Default(v, f"the chat's, {_NO_MODEL}") for k, v in CHAT.items()}
+_OWN = {f.name: Default(None, f"the model's generation_config.json, else {f.default}")
+        for f in dataclasses.fields(SamplingConfig) if f.name in READ}
 
 SURFACES: dict[str, Surface] = {
     "generate": Surface(CONFIGS, defaults={"method": _INTERACTIVE}),
     "bench": Surface(CONFIGS, skip=("method",), defaults={  # bench takes --methods, a list
         "max_tokens": Default(128, "bench's own, so a 24-prompt run takes minutes on a CPU")}),
-    "chat": Surface(CONFIGS, skip=("model",), defaults={"method": _INTERACTIVE}),  # MODEL: argument
+    "chat": Surface(CONFIGS, skip=("model",),  # MODEL: an argument
+                    defaults={"method": _INTERACTIVE, **_OWN, **_CHAT}),
     "serve": Surface((ModelConfig, SpecConfig), defaults={"method": _INTERACTIVE}),
     "request": Surface((SpecConfig, SamplingConfig, GenerationConfig),
                        skip=("draft", "head"),  # loaded once when the server starts, never by a request
-                       defaults={**_SERVER_SPEC, "temperature": Default(1.0, "OpenAI's default"),
+                       defaults={**_SERVER_SPEC, **_OWN,
+                                 "temperature": Default(1.0, f"OpenAI's, {_NO_MODEL}"),
                                  "max_tokens": Default(None, "the server's --max-tokens-limit")}),
-    "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE_PY}),  # edgespec.load(**options)
+    "python": Surface(CONFIGS, defaults={"method": _INTERACTIVE_PY, **_OWN}),  # edgespec.load()
     "call": Surface((SpecConfig, SamplingConfig, GenerationConfig),  # llm.chat(..., **options)
                     skip=("draft", "head")),  # loaded once, with the model
     "doctor": Surface((ModelConfig,)),
@@ -187,9 +149,10 @@ def checked(surface: str, kw: Mapping) -> dict:
     return given(surface, kw)
 
 
-def values(surface: str, kw: Mapping) -> dict:
-    """The options given, plus the surface's own defaults for those not given."""
-    out = given(surface, kw)
+def values(surface: str, kw: Mapping, model: Mapping | None = None) -> dict:
+    """The options given, over ``model`` (the loaded model's own sampling settings:
+    ``generation_defaults.model_sampling``), over the surface's own defaults."""
+    out = {**(model or {}), **given(surface, kw)}
     for name, own in SURFACES[surface].defaults.items():
         if name not in out and own.value is not None:
             out[name] = own.value(out) if callable(own.value) else own.value
@@ -211,7 +174,7 @@ def spec_for(method: str, shared: Mapping, own: Mapping | None = None) -> SpecCo
     """The SpecConfig of ``method`` from ``shared`` options, meant for several methods (an
     exclusive one, such as ``exit_layer``, goes only to the methods that read it), and ``own``
     options, meant for this method alone (all apply, so a wrong one is an error)."""
-    reads = registry.get(method).reads
+    reads = method_entry(method).reads
     keep = {k: v for k, v in pick(SpecConfig, shared, skip=("method",)).items()
             if k in reads or not _exclusive(k)}
     keep.update(pick(SpecConfig, own or {}, skip=("method",)))
@@ -229,7 +192,8 @@ class Configs(NamedTuple):
     generation: GenerationConfig
 
 
-def configs(surface: str, kw: Mapping) -> Configs:
-    """All four configs from a command's parsed options (or Python keyword arguments)."""
-    v = values(surface, kw)
+def configs(surface: str, kw: Mapping, model: Mapping | None = None) -> Configs:
+    """All four configs from a command's parsed options (or Python keyword arguments), over
+    ``model``'s sampling settings (see ``values``)."""
+    v = values(surface, kw, model)
     return Configs(*(config(cls, v) for cls in CONFIGS))

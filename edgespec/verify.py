@@ -83,8 +83,9 @@ class RowProbs:
     """``probs(logits, cfg)`` (padded to ``width``), a row computed when it is first read.
 
     The walk reads only the rows of the nodes it visits (the accepted path and the node after
-    it: about tau of a tree's N), and a row costs ~0.8 ms on the host for a 49k vocabulary
-    (float64), so a 6-node tree's step spent ~4.7 ms on rows it never read. Each row is
+    it: about tau of a tree's N), and a filtered float64 row of a large vocabulary is costly
+    on the host, so rows it never reads are not made (see docs/measurements.md, "Sampling rows
+    computed as the walk reads them"). Each row is
     computed by ``probs`` on that row alone: the same numbers as in the whole array (a test
     compares them)."""
 

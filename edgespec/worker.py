@@ -1,4 +1,5 @@
-"""The one generation thread: one model, one engine, one queue of jobs (the server and ``LLM``).
+"""The one generation thread: one model, one engine, one queue of jobs (the server, ``LLM`` and
+the chat).
 
 Contract:
 - All MLX work (loading, drafting, scoring) happens on the worker's own thread; jobs run one at a
@@ -7,19 +8,26 @@ Contract:
   request run alone.
 - Each job receives ``Step`` events and then exactly one terminal event, ``Done`` or ``Failed``,
   on its own channel: an asyncio queue read on one event loop (:class:`LoopJob`) or a thread-safe
-  queue read by one thread (:class:`ThreadJob`).
+  queue read by one thread (:class:`ThreadJob`). A request with ``live_stats`` gets each step as
+  ``Live(step, stats)``: with a copy of the running stats after it (the chat's status bar).
+- A :class:`Call` job runs ``fn(engine)`` on the thread, in queue order (the chat builds a
+  drafter there to check a method switch, or measures plain decoding): it ends with
+  ``Returned(value)`` or ``Failed``. ``call`` / ``acall`` submit one and wait for its value.
 - ``Job.cancel()`` may be called from any thread. A job cancelled while queued is skipped; a
   running one stops after its current step (commits happen only after verification, so the
   engine's cache stays consistent) and the drafter is dropped. Either way the job ends with
   ``Done(finish_reason="cancelled")``. An exception in one job becomes that job's ``Failed``;
   the worker lives on.
 - ``stop()`` fails every job still queued with ``UnavailableError``: no caller waits forever, and
-  ``events`` / ``events_blocking`` raise it if the worker ends without answering.
+  ``events`` / ``events_blocking`` / ``batches`` raise it if the worker ends without answering.
+- ``start(wait=False)`` returns while the model loads: jobs submitted meanwhile run once it is
+  loaded, or end with ``Failed(the loading error)`` (a UI stays responsive while it loads).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
@@ -51,6 +59,29 @@ class GenRequest:
     prediction: tuple[int, ...] | None = None  # predicted output's token ids (drafted first)
     grammar: Grammar | None = None  # structured output: the output must match it
     logprobs: int | None = None  # per token: its log-probability and this many alternatives
+    live_stats: bool = False  # each step arrives as Live(step, a copy of the running stats)
+
+
+@dataclass(frozen=True)
+class Call:
+    """Work for the worker's thread other than a generation: ``fn(engine)``, in queue order."""
+
+    fn: Callable[[Engine], object]
+
+
+@dataclass(frozen=True)
+class Live:
+    """A step of a ``live_stats`` request, with the generation's stats just after it."""
+
+    step: Step
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The end of a :class:`Call`: what ``fn`` returned."""
+
+    value: object
 
 
 @dataclass(frozen=True)
@@ -64,13 +95,15 @@ class Failed:
     error: BaseException
 
 
-Event = Step | Done | Failed
+Event = Step | Live | Done | Failed | Returned
+_END = (Done, Failed, Returned)  # a job's terminal events
 
 
 class Job:
-    """A queued generation; the worker hands its events to ``put`` (a subclass's channel)."""
+    """A queued generation or call; the worker hands its events to ``put`` (a subclass's
+    channel)."""
 
-    def __init__(self, request: GenRequest):
+    def __init__(self, request: GenRequest | Call):
         self.request = request
         self._cancelled = threading.Event()
 
@@ -89,7 +122,7 @@ class Job:
 class LoopJob(Job):
     """A job whose events arrive on ``events``, an asyncio queue of one event loop."""
 
-    def __init__(self, request: GenRequest, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request: GenRequest | Call, loop: asyncio.AbstractEventLoop):
         super().__init__(request)
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._loop = loop
@@ -104,7 +137,7 @@ class LoopJob(Job):
 class ThreadJob(Job):
     """A job whose events arrive on ``events``, a queue read by one (blocking) thread."""
 
-    def __init__(self, request: GenRequest):
+    def __init__(self, request: GenRequest | Call):
         super().__init__(request)
         self.events: queue.Queue[Event] = queue.Queue()
 
@@ -147,22 +180,27 @@ class Worker:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> "Worker":
-        """Start the thread, wait until the model is loaded; re-raise a loading error here."""
+    def start(self, wait: bool = True) -> "Worker":
+        """Start the thread; unless ``wait`` is False, wait until the model is loaded and
+        re-raise a loading error here (without waiting, queued jobs receive it)."""
         self._thread.start()
+        if not wait:
+            return self
         self._ready.wait()
         if self._load_error is not None:
             self._thread.join()  # let it release MLX's per-thread state before the process may exit
             raise self._load_error
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Fail every queued job, let the running one finish (its owner may cancel it), end.
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Fail every queued job, let the running one finish (its owner may cancel it), end;
+        wait ``timeout`` seconds for the thread (None: until it ends, a load in progress too).
 
         A job that slips in after the drain is not run; its reader notices ``alive`` is False.
         """
         self._stopping = True
-        self._fail_queued()
+        self._fail_queued(UnavailableError("the generation worker is stopping; the request was "
+                                           "not run"))
         self._queue.put(None)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -194,7 +232,20 @@ class Worker:
                 yield None
                 continue
             yield event
-            if isinstance(event, (Done, Failed)):
+            if isinstance(event, _END):
+                return
+
+    async def batches(self, job: LoopJob, tick: float = TICK_S) -> AsyncIterator[list[Event]]:
+        """The job's events in batches: each one all that had arrived when the reader got to
+        it, so a reader that redraws per batch keeps up with any speed of generation."""
+        async for event in self.events(job, tick):
+            if event is None:
+                continue
+            batch = [event]
+            while not isinstance(batch[-1], _END) and not job.events.empty():
+                batch.append(job.events.get_nowait())
+            yield batch
+            if isinstance(batch[-1], _END):
                 return
 
     def events_blocking(self, job: ThreadJob, tick: float = TICK_S) -> Iterator[Event]:
@@ -206,8 +257,23 @@ class Worker:
                 self._check_alive()
                 continue
             yield event
-            if isinstance(event, (Done, Failed)):
+            if isinstance(event, _END):
                 return
+
+    def call(self, fn: Callable[[Engine], object]) -> object:
+        """``fn(engine)`` run on the worker's thread after the jobs queued before it: its value,
+        or its exception raised here (None if the worker skipped it: cancelled, stopping)."""
+        job = self.submit(ThreadJob(Call(fn)))
+        for event in self.events_blocking(job):
+            pass
+        return _returned(event)
+
+    async def acall(self, fn: Callable[[Engine], object]) -> object:
+        """``call`` for asyncio: the event loop runs on while the worker is busy."""
+        job = self.submit(LoopJob(Call(fn), asyncio.get_running_loop()))
+        async for event in self.events(job):
+            pass
+        return _returned(event)
 
     def _check_alive(self) -> None:
         if not self._thread.is_alive():
@@ -220,8 +286,8 @@ class Worker:
             self._serve_queue()
         finally:
             # MLX gives each thread its own default stream; destroy this thread's streams before it
-            # ends, else one can outlive the thread and abort the process at exit ("terminate
-            # called without an active exception", seen in about 1 of 8 exits without this).
+            # ends, else one can outlive the thread and abort the process at exit (MLX 0.32:
+            # "terminate called without an active exception").
             mx.synchronize()
             mx.clear_streams()
 
@@ -231,10 +297,15 @@ class Worker:
             engine = Engine(self.target, reuse_prefix=self._reuse_prefix)
         except BaseException as e:  # noqa: BLE001 - handed to start()'s caller, which re-raises it
             self._load_error = e
+            self._stopping = True  # nothing more is taken: what is queued gets the error
             self._ready.set()
+            self._fail_queued(e)
             return
         self._ready.set()
         while (job := self._queue.get()) is not None:
+            if isinstance(job.request, Call):
+                self._call(engine, job)
+                continue
             if job.cancelled:  # cancelled while queued
                 self.counts["cancelled"] += 1
                 job.put(Done(Stats(method=job.request.spec.method), "cancelled"))
@@ -250,6 +321,20 @@ class Worker:
                 engine.drafter = None  # drop the request's drafter and its KV cache
                 self.busy = False
 
+    def _call(self, engine: Engine, job: Job) -> None:
+        """A :class:`Call`: its value or its exception goes to its caller (not counted as a
+        request served or failed)."""
+        if job.cancelled:
+            job.put(Done(Stats(), "cancelled"))
+            return
+        self.busy = True
+        try:
+            job.put(Returned(job.request.fn(engine)))
+        except Exception as e:  # the caller re-raises it; the worker lives on
+            job.put(Failed(e))
+        finally:
+            self.busy = False
+
     def _run(self, engine: Engine, job: Job) -> None:
         r = job.request
         engine.drafter = make_drafter(r.spec, engine.target, r.sampling, draft=self.draft,
@@ -259,7 +344,7 @@ class Worker:
                                rules=rules, logprobs=r.logprobs)
         try:
             for step in stream:
-                job.put(step)
+                job.put(Live(step, copy.copy(engine.last_stats)) if r.live_stats else step)
                 reason = step.finish_reason
                 if reason is None and job.cancelled:
                     reason = "cancelled"
@@ -270,12 +355,18 @@ class Worker:
         finally:
             stream.close()  # ends the engine's generator cleanly (also after a cancel)
 
-    def _fail_queued(self) -> None:
+    def _fail_queued(self, error: BaseException) -> None:
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                job.put(Failed(UnavailableError("the generation worker is stopping; the request "
-                                                "was not run")))
+                job.put(Failed(error))
+
+
+def _returned(event: Event) -> object:
+    """A call's value from its terminal event (re-raising its failure)."""
+    if isinstance(event, Failed):
+        raise event.error
+    return event.value if isinstance(event, Returned) else None

@@ -6,7 +6,7 @@ writes turned into an edgespec head.
         BUNDLE/recipe.json  the chat template around the user's text, the Magpie prefix, the
                        stop ids, the openers, the aux layers, the token limits (edgespec's own
                        values, so the GPU run follows ``edgespec train``'s recipe)
-        BUNDLE/eval/   the evaluation prompts (``../shared/eval``): the GPU run refuses to make
+        BUNDLE/eval/   the held-out evaluation prompts: the GPU run refuses to make
                        data without them, and drops every question that overlaps one
     python scripts/gpu_bundle.py import RESULTS --out models/<model>/eagle3 [--model demo]
         reads head_layer.safetensors, head_lm.safetensors and report.json, checks the head

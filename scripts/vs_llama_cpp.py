@@ -19,12 +19,14 @@ model throughout, which edgespec keeps as MLX 8-bit (group 32). The prompts are 
 Run it on an otherwise idle machine; the table names the CPU.
 
 MKL runs single-threaded here (``MKL_NUM_THREADS=1`` unless set): with MKL's own OpenMP threads
-in the process, llama.cpp's threads decoded at 29-34 tok/s instead of 102 (Intel Xeon VM, after
-edgespec's float32 prefills had used MKL), while edgespec's float32 decoding did not change
-(47.5 against 47.9 tok/s: its products of up to 32 rows are its own kernels). On a CPU that
-reports AMX (Intel Sapphire Rapids and later) in a VM, llama-cpp-python 0.3.36's default build
-crashed in ``llama_decode``; building it without AMX works: ``CMAKE_ARGS="-DGGML_NATIVE=OFF
--DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON" pip install llama-cpp-python``.
+in the process (once edgespec's float32 prefills had used MKL), llama.cpp's threads were
+measured to decode several times slower, while edgespec's float32 decoding did not change (its
+products of up to 32 rows are its own kernels); see docs/measurements.md, "MKL's OpenMP
+threads". On a CPU that reports AMX (Intel Sapphire Rapids and later) in a VM,
+llama-cpp-python 0.3.36's default build crashed in ``llama_decode``; building it without AMX
+works:
+``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON"
+pip install llama-cpp-python``.
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ Needs mlx-lm (``pip install -e '.[train]'``). Run it on an otherwise idle machin
 
 MKL's OpenMP threads keep their default 200 ms spin here (``busy_openmp_threads``), as in a
 process of mlx-lm's own: mlx-lm's float32 decoding is one MKL product after another, and with
-the ``KMP_BLOCKTIME=0`` edgespec sets for itself it decoded at 13.7 tok/s instead of 22.8
-(Xeon VM, stop 27; edgespec's plain decoding 45.6 against 44.7, its products are its own).
+the ``KMP_BLOCKTIME=0`` edgespec sets for itself it was measured much slower, while edgespec's
+plain decoding (its products are its own kernels) did not change; so the comparison gives
+mlx-lm the setting it would have on its own (see docs/measurements.md, "where a float32 decode
+step's time goes").
 """
 
 from __future__ import annotations

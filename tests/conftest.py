@@ -61,6 +61,14 @@ def tiny_models(tmp_path_factory) -> TinyModels:
     return TinyModels(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture
+def float_activations(monkeypatch):
+    """The quantized kernels keep x in float32 (``EDGESPEC_Q8_ACTIVATIONS=0``), as mlx-lm
+    computes: for tests that compare a quantized model's numbers with mlx-lm's or a float twin's
+    (int8 activations, the default, round x to 8 bits first)."""
+    monkeypatch.setenv("EDGESPEC_Q8_ACTIVATIONS", "0")
+
+
 def pytest_generate_tests(metafunc):
     kinds = getattr(metafunc.module, "TARGET_KINDS", None)
     if kinds and "target" in metafunc.fixturenames:

@@ -109,7 +109,7 @@ def test_registry_entries_are_well_formed():
     spec_fields = {f.name for f in dataclasses.fields(SpecConfig)}
     assert len(set(registry.NAMES)) == len(registry.NAMES)
     for m in registry.METHODS:
-        assert m.summary and callable(m.build) and m.name == m.name.strip()
+        assert m.summary and callable(registry.BUILDERS[m.name]) and m.name == m.name.strip()
         assert set(m.reads) <= spec_fields, (m.name, set(m.reads) - spec_fields)
     for f in dataclasses.fields(SpecConfig):
         if f.metadata.get("exclusive"):
@@ -120,7 +120,7 @@ def test_which_methods_need_a_draft_model_is_decided_by_the_registry():
     assert {m.name for m in registry.METHODS if m.needs_draft} == {"draft", "cascade"}
     assert "cascade" not in registry.available(None) and "draft" not in registry.available(None)
     assert registry.available("d", heads={"eagle3", "medusa", "corpus", "mtp"}) == registry.NAMES
-    assert [m.name for m in registry.METHODS if m.arm is not None] == ["none", "lookup", "draft",
+    assert [m.name for m in registry.METHODS if m.arm] == ["none", "lookup", "draft",
                                                                        "eagle3", "corpus", "mtp"]
 
 

@@ -161,7 +161,7 @@ def test_the_method_finds_a_corpus_for_its_model_only(target, other, oracle_dir,
 def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
         target, tiny_models, oracle_dir, monkeypatch):
     from edgespec import LLM, GenerationConfig, SamplingConfig
-    from edgespec.options import interactive_method
+    from edgespec.drafters.default import interactive_method
     from edgespec.server import ServerSettings
     from edgespec.tui.session import open_session
 

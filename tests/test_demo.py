@@ -14,7 +14,7 @@ from edgespec.targets.derive import truncate_model
 
 pytestmark = pytest.mark.demo
 
-# the evaluation prompts live outside the repository, next to it (../shared/eval)
+# the held-out evaluation prompts live outside the repository, next to it
 MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "eval" / "mt_bench.jsonl"
 
 

@@ -99,3 +99,27 @@ def test_decoding_and_the_read_take_turns(monkeypatch):
 def test_stream_bandwidth_is_a_plausible_memory_speed():
     gb_s = doctor.stream_bandwidth(mib=64, repeats=3) / 1e9
     assert 0.2 < gb_s < 2000  # any real machine; a unit slip (bits, MiB) would land outside
+
+
+def test_a_curve_is_called_friendly_only_when_eight_rows_cost_little_more_than_one():
+    assert doctor.curve_verdict(1.19) == "speculation-friendly"
+    assert doctor.curve_verdict(doctor.FRIENDLY_RATIO) == "speculation-friendly"
+    assert doctor.curve_verdict(1.89) != "speculation-friendly"  # a 4-bit curve's ratio
+    assert "expensive" in doctor.curve_verdict(4.09)
+
+
+def test_doctor_reports_the_quantized_curve_beside_the_float_one(tiny_models, tmp_path, monkeypatch):
+    from .test_qmatmul import _quantized_copy
+
+    monkeypatch.setattr(doctor, "stream_bandwidth", lambda: 8.0e9)
+    path = _quantized_copy(tiny_models.path(), tmp_path / "q")
+    for dtype, other_quantized in (("float32", True), ("auto", False)):
+        f = doctor.run_doctor(str(path), dtype)
+        assert f["quantized"] is not other_quantized
+        other = f["other_curve"]
+        assert other["quantized"] is other_quantized and set(other["forward_ms"]) == {1, 2, 4, 8, 16}
+        text = doctor.format_findings(f)
+        ratio = other["forward_ms"][8] / other["forward_ms"][1]
+        assert f"8-token / 1-token = {ratio:.2f}x" in text
+        assert ("--dtype auto" in text) is other_quantized
+    assert doctor.run_doctor(str(tiny_models.path()))["other_curve"] is None  # one form only

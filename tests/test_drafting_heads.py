@@ -104,7 +104,7 @@ def test_the_interactive_default_is_eagle3_where_the_native_kernels_run(model, h
     """chat, serve and the API pick a found EAGLE-3 head for a float target on the native CPU
     kernels (where it was measured to pay), and the corpus or lookup elsewhere."""
     from edgespec.kernels import backend
-    from edgespec.options import interactive_method
+    from edgespec.drafters.default import interactive_method
 
     _, target = model
     assert interactive_method(None, target) == "lookup"  # no head found yet

@@ -98,17 +98,17 @@ def test_quantized_head_keeps_greedy_output_and_drafts_like_the_float_one(target
 def test_head_bits_default_follows_the_native_kernels(target, monkeypatch):
     """``head_bits`` None: 8-bit where the native kernels run the products, else the float head;
     0 always the float head; the quantized copy is made once per head and bits."""
-    from edgespec.drafters import registry
+    from edgespec.heads.loaded import head_in_bits
 
     head = random_head(target)
     monkeypatch.setattr("edgespec.kernels.backend.native_enabled", lambda: True)
-    q = registry._head_in_bits(target, head, None)
+    q = head_in_bits(target, head, None)
     assert q is not head and q.layer.mlp.gate_proj.bits == 8
-    assert registry._head_in_bits(target, head, 8) is q
-    assert registry._head_in_bits(target, head, 4).layer.mlp.gate_proj.bits == 4
-    assert registry._head_in_bits(target, head, 0) is head
+    assert head_in_bits(target, head, 8) is q
+    assert head_in_bits(target, head, 4).layer.mlp.gate_proj.bits == 4
+    assert head_in_bits(target, head, 0) is head
     monkeypatch.setattr("edgespec.kernels.backend.native_enabled", lambda: False)
-    assert registry._head_in_bits(target, head, None) is head
+    assert head_in_bits(target, head, None) is head
 
 
 def test_reduced_draft_vocabulary_keeps_greedy_output(target):

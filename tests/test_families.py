@@ -184,6 +184,7 @@ def test_gemma2_windows_through_rollback(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["phi3", "phi3-longrope-partial", "smollm3"])
+@pytest.mark.usefixtures("float_activations")
 def test_quantized_checkpoint_matches_mlx_lm(tmp_path, name):
     """A 4-bit checkpoint kept quantized: phi3's fused q|k|v and gate|up split row-wise with
     their scales and biases, smollm3's NoPE layers on the module path."""

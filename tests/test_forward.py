@@ -117,7 +117,8 @@ def quantized_pair(tiny_models, tmp_path_factory):
 
 
 @pytest.mark.parametrize("n", [1, 5, COMPILE_MAX_TOKENS + 16])
-def test_quantized_fused_chain_and_tree_match_module_path(quantized_pair, n):
+def test_quantized_fused_chain_and_tree_match_module_path(quantized_pair, n, float_activations):
+    """The module path keeps x in float32 (``backend.q8_scope``): compared with float x."""
     fused, plain = quantized_pair
     assert fused.quantized and all(b._fused is not None for b in fused.model.model.layers)
     assert type(fused.model.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"

@@ -142,6 +142,7 @@ QUANTIZED = {
 
 
 @pytest.mark.parametrize("name", list(QUANTIZED))
+@pytest.mark.usefixtures("float_activations")
 def test_4bit_checkpoint_matches_mlx_lm(tmp_path, name):
     """Quantized as ``mlx_lm.convert`` does (4-bit, the router at 8 bits: per-layer entries in
     the config, under ``language_model.`` in the nested layout) and kept quantized; within 1e-4

@@ -322,8 +322,10 @@ def test_concurrent_callers(mod):
     assert not errors
 
 
+@pytest.mark.usefixtures("float_activations")
 def test_linear_heads_of_every_kind():
-    """``matmul.linear`` gives each head what its module gives (float, quantized, biased)."""
+    """``matmul.linear`` gives each head what its module gives (float, quantized with float
+    activations, biased)."""
     import mlx.nn as nn
 
     from edgespec.kernels.matmul import linear

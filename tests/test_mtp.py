@@ -232,10 +232,10 @@ def test_the_cli_refuses_mtp_for_a_checkpoint_without_the_layer(tmp_path):
     assert r.exit_code != 0 and "mtp.fc.weight" in r.output and "Traceback" not in r.output
 
 
-def test_a_4_bit_mtp_layer_stays_quantized_and_drafts_losslessly(tmp_path, target):
+def test_a_4_bit_mtp_layer_stays_quantized_and_drafts_losslessly(tmp_path, target, monkeypatch):
     """A checkpoint whose MTP layer is 4-bit (group 32) kept quantized: its products are
-    quantized ones, its logits those of the same weights dequantized, and greedy output is
-    plain decoding's."""
+    quantized ones, its logits (float activations) those of the same weights dequantized, and
+    greedy output is plain decoding's (int8 activations, the default)."""
     import json
     import shutil
 
@@ -253,6 +253,7 @@ def test_a_4_bit_mtp_layer_stays_quantized_and_drafts_losslessly(tmp_path, targe
     kept, floats = load_target(path, dtype="auto"), load_target(path, dtype="float32")
     assert isinstance(mtp_target(kept).model.fc, nn.QuantizedLinear)
     ids = Engine(kept).encode(PROMPT)
+    monkeypatch.setenv("EDGESPEC_Q8_ACTIVATIONS", "0")
     firsts = []
     for t in (kept, floats):
         drafter = MtpDrafter(t, mtp_target(t), GREEDY)
@@ -260,5 +261,6 @@ def test_a_4_bit_mtp_layer_stays_quantized_and_drafts_losslessly(tmp_path, targe
         drafter.propose(1)
         firsts.append(np.array(drafter.last[1]))
     assert np.abs(firsts[0] - firsts[1]).max() < 1e-3
+    monkeypatch.delenv("EDGESPEC_Q8_ACTIVATIONS")
     want = Engine(kept).generate(ids, max_tokens=16).token_ids
     assert _engine(kept).generate(ids, max_tokens=16).token_ids == want

@@ -19,6 +19,7 @@ from edgespec.cli import main
 from edgespec.config import SpecConfig
 from edgespec.drafters import registry
 from edgespec.errors import ConfigError
+from edgespec.generation_defaults import CHAT
 
 COMMANDS = ("generate", "bench", "serve", "chat")
 
@@ -55,7 +56,8 @@ EXTEND = textwrap.dedent("""
     out["api"] = [api.sampling.typical_p, api.spec.tree_width, api.generation.min_tokens]
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], typical_p=0.5,
                                  tree_width=3, min_tokens=2)
-    state = SimpleNamespace(settings=ServerSettings(), method="lookup", methods=registry.NAMES)
+    state = SimpleNamespace(settings=ServerSettings(), method="lookup", methods=registry.NAMES,
+                            sampling={})
     gen, sampling, spec = convert._configs(body, state, None, "max_tokens")
     out["server"] = [sampling.typical_p, spec.tree_width, gen.min_tokens]
     print(json.dumps(out))
@@ -107,7 +109,7 @@ def test_values_configs_and_flags():
                                      "adaptive": False, "method": "lookup", "unrelated": 1})
     assert c.sampling.temperature == 0.5 and c.generation.stop == ("END",)
     assert c.spec.num_draft == 16 and c.spec.max_draft == 16 and c.spec.adaptive is False
-    assert options.values("chat", {}) == {"method": "lookup"}
+    assert options.values("chat", {}) == {"method": "lookup", **CHAT}  # the chat's sampling
     assert options.values("chat", {"draft": "d"})["method"] == "draft"
     assert options.values("bench", {})["max_tokens"] == 128
     assert options.values("request", {"temperature": None, "stop": ()}) == {"temperature": 1.0}

@@ -1,8 +1,8 @@
 """The native quantized small-M matmul (kernels/qmatmul.py) against its pure-MLX twin.
 
 Tolerance (stated in kernels/qmatmul.py): per output within 1e-5 * sum_k |x_k w_k| of the
-twin, w the dequantized weights (x rounded to int8 per 32 values, for the opt-in int8
-activations, against their own twin). Skips like tests/test_kernels.py where the extension cannot be
+twin, w the dequantized weights. The float-activation forms here (the int8 ones:
+tests/test_qmatmul_int8.py). Skips like tests/test_kernels.py where the extension cannot be
 built; the AVX-512 and AVX2 code is checked where the CPU has it, the plain C++ code everywhere.
 """
 
@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from edgespec.kernels import backend
 from edgespec.kernels.matmul import linear
 from edgespec.kernels.qmatmul import (quantized_small_matmul, quantized_small_matmul_mlx,
-                                      quantized_small_matmul_native, quantized_small_matmul_q8_mlx,
-                                      round_x8)
+                                      quantized_small_matmul_native)
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
 
@@ -88,69 +87,6 @@ def test_views_of_larger_buffers_read_the_same(mod):  # noqa: F811
         assert mx.array_equal(quantized_small_matmul_native(x[:1], *views, 32, 8), want[:1]).item()
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
-@given(m=st.integers(1, 40), n=st.sampled_from([1, 3, 4, 5, 17, 130]), groups=st.integers(1, 12),
-       group_size=st.sampled_from([32, 64, 128]), bits=st.sampled_from([4, 8]),
-       seed=st.integers(0, 2**31 - 1))
-def test_q8_kernel_equals_its_twin_and_rows_are_independent(mod, m, n, groups, group_size, bits,  # noqa: F811
-                                                            seed):
-    if not mod.has_q8_activations():
-        pytest.skip("no AVX-512 VNNI code on this CPU")
-    rng = np.random.default_rng(seed)
-    k = groups * group_size
-    q = _quantized(rng, n, k, group_size, bits)
-    x = mx.array(rng.standard_normal((m, k), dtype=np.float32) * rng.uniform(0.01, 10))
-    y = quantized_small_matmul_native(x, *q, group_size, bits, q8=True)
-    w = np.array(mx.dequantize(*q, group_size=group_size, bits=bits), dtype=np.float64)
-    xh = np.array(round_x8(x), dtype=np.float64)
-    bound = RTOL_ABS_SUM * (np.abs(xh) @ np.abs(w).T) + 1e-30
-    twin = np.array(quantized_small_matmul_q8_mlx(x, *q, group_size, bits))
-    assert (np.abs(np.array(y) - twin) <= bound).all()
-    assert (np.abs(np.array(y) - xh @ w.T) <= bound).all()
-    i = int(rng.integers(m))
-    assert mx.array_equal(quantized_small_matmul_native(x[i:i + 1], *q, group_size, bits, q8=True),
-                          y[i:i + 1]).item()
-
-
-def test_q8_non_finite_x_gives_nan_in_its_row_only(mod):  # noqa: F811
-    if not mod.has_q8_activations():
-        pytest.skip("no AVX-512 VNNI code on this CPU")
-    q = _quantized(np.random.default_rng(6), 8, 128, 32, 4)
-    xn = np.random.default_rng(7).standard_normal((3, 128), dtype=np.float32)
-    xn[1, 40], xn[2, 70] = np.nan, np.inf
-    y = np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, 4, q8=True))
-    assert np.isfinite(y[0]).all() and np.isnan(y[1:]).all()
-
-
-def test_q8_activations_are_opt_in(mod, monkeypatch):  # noqa: F811
-    q = _quantized(np.random.default_rng(4), 64, 256, 32, 4)
-    x = mx.array(np.random.default_rng(5).standard_normal((3, 256), dtype=np.float32))
-    float_way = quantized_small_matmul_native(x, *q, 32, 4)
-    monkeypatch.delenv(backend.Q8_ENV, raising=False)
-    assert not backend.q8_activations_requested()
-    assert mx.array_equal(quantized_small_matmul(x, *q, 32, 4), float_way).item()
-    monkeypatch.setenv(backend.Q8_ENV, "yes")
-    with pytest.raises(backend.KernelError, match="EDGESPEC_Q8_ACTIVATIONS='yes'"):
-        backend.use_q8_activations(4)
-    monkeypatch.setenv(backend.Q8_ENV, "1")
-    assert "int8 activations" in backend.native_summary()
-    before = mod.buffered_dequantization()
-    try:
-        for on, words in ((True, "weights unpacked once for all rows"), (False, "weights unpacked per 4 rows")):
-            mod.set_buffered_dequantization(on)
-            assert words in backend.native_summary()
-    finally:
-        mod.set_buffered_dequantization(before)
-    if not mod.has_q8_activations():
-        assert not backend.use_q8_activations(4)
-        return
-    assert backend.use_q8_activations(4) and backend.use_q8_activations(8)
-    assert not backend.use_q8_activations(3)
-    got = quantized_small_matmul(x, *q, 32, 4)
-    assert mx.array_equal(got, quantized_small_matmul_native(x, *q, 32, 4, q8=True)).item()
-    assert not mx.array_equal(got, float_way).item()  # it did round x
-
-
 def _isas(mod):
     return [i for i in ("avx512", "avx2", "generic") if i in mod.supported_isas().split(",")]
 
@@ -203,7 +139,8 @@ def test_bad_layouts_raise_kernel_error(mod):  # noqa: F811
 
 def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     """``matmul.linear`` sends affine quantized heads (tied embedding or linear) to the kernel
-    on AVX-512 and AVX2 CPUs, and gives what the module gives."""
+    on AVX-512 and AVX2 CPUs, and with float activations gives what the module gives."""
+    monkeypatch.setenv(backend.Q8_ENV, "0")
     calls = []
     real = mod.quantized_small_matmul
     monkeypatch.setattr(mod, "quantized_small_matmul", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -224,9 +161,9 @@ def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     assert len(calls) == expect
 
 
-def _quantized_copy(src, out):
-    """``src`` (a tiny float model) with its matrices 4-bit quantized, float16 scales/biases as
-    a converted GGUF has them."""
+def _quantized_copy(src, out, bits: int = 4):
+    """``src`` (a tiny float model) with its matrices quantized to ``bits``, float16
+    scales/biases as a converted GGUF has them."""
     import json
     import shutil
 
@@ -234,7 +171,7 @@ def _quantized_copy(src, out):
     weights = {}
     for k, v in mx.load(str(src / "model.safetensors")).items():
         if k.endswith(".weight") and v.ndim == 2 and v.shape[1] % 32 == 0:
-            wq, s, b = mx.quantize(v, group_size=32, bits=4)
+            wq, s, b = mx.quantize(v, group_size=32, bits=bits)
             base = k[: -len(".weight")]
             weights.update({k: wq, f"{base}.scales": s.astype(mx.float16),
                             f"{base}.biases": b.astype(mx.float16)})
@@ -242,7 +179,7 @@ def _quantized_copy(src, out):
             weights[k] = v
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     config = json.loads((src / "config.json").read_text())
-    config["quantization"] = {"group_size": 32, "bits": 4}
+    config["quantization"] = {"group_size": 32, "bits": bits}
     (out / "config.json").write_text(json.dumps(config))
     for f in src.iterdir():
         if f.name.startswith("tokenizer"):
@@ -250,11 +187,13 @@ def _quantized_copy(src, out):
     return out
 
 
-@pytest.mark.parametrize("q8", [False, True])
-def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_path, monkeypatch, q8):  # noqa: F811
+@pytest.mark.parametrize("q8,bits", [(False, 4), (True, 4), (True, 8)])
+def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_path, monkeypatch,  # noqa: F811
+                                                       q8, bits):
     """Kept quantized on the CPU: packed weights, float32 everything else, every product
     through the kernel (a forward of more tokens than the native block takes too), and greedy
-    speculation equal to plain decoding (with the int8 activations too, where they run)."""
+    speculation (lookup, lookahead, the model drafting for itself with its early layers) equal
+    to plain decoding of the same model, with float and (the default) int8 activations."""
     from edgespec import Engine
     from edgespec.config import SamplingConfig
     from edgespec.drafters.registry import make_drafter
@@ -262,10 +201,16 @@ def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_pat
     from edgespec.targets import load_target
 
     if q8 and not mod.has_q8_activations():
-        pytest.skip("no AVX-512 VNNI code on this CPU")
-    monkeypatch.setenv(backend.Q8_ENV, "1" if q8 else "0")
-    assert backend.use_q8_activations(4) == q8
-    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"), dtype="auto")
+        pytest.skip("no int8 form for this CPU")
+    if q8 and bits == 8 and mod.isa() != "avx512":
+        pytest.skip("8-bit weights take float x off AVX-512 (backend.use_q8_activations)")
+    if q8:
+        monkeypatch.delenv(backend.Q8_ENV, raising=False)  # the default
+    else:
+        monkeypatch.setenv(backend.Q8_ENV, "0")
+    assert backend.use_q8_activations(bits) == q8
+    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q", bits),
+                         dtype="auto")
     assert target.quantized
     layer = target.model.model.layers[0].mlp
     params = dict(tree_flatten(layer.parameters()))
@@ -283,6 +228,6 @@ def test_a_quantized_target_decodes_through_the_kernel(mod, tiny_models, tmp_pat
     assert min(math.prod(s[:-1]) for s in calls) > backend.SMALL_M_MAX  # MLX's block, the op
     assert modes == {q8}
     greedy = SamplingConfig()
-    for method in ("lookup", "lookahead"):
-        engine = Engine(target, make_drafter(spec_for(method, {}), target, greedy), greedy)
+    for method, given in (("lookup", {}), ("lookahead", {}), ("early-exit", {"exit_layer": 1})):
+        engine = Engine(target, make_drafter(spec_for(method, given), target, greedy), greedy)
         assert engine.generate(prompt, max_tokens=24).token_ids == plain.token_ids, method

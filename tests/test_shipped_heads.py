@@ -19,7 +19,7 @@ pytestmark = pytest.mark.demo
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "models" / "SmolLM2-135M-Instruct"
-# training prompts only: never the evaluation prompts (../shared/eval)
+# training prompts only: never the held-out evaluation prompts
 PROMPTS = ["Write a short note inviting a neighbour to a garden party on Saturday.",
            "Explain how a bicycle's gears make climbing a hill easier."]
 

@@ -21,16 +21,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import GenerationConfig, SpecConfig
 from edgespec.tui.app import ChatApp
 from edgespec.tui.cli import chat
 from edgespec.tui.render import DRAFTED_STYLE, TARGET_STYLE, ansi, printable
 from edgespec.tui.screens import HelpScreen
 from edgespec.stream_text import Segment
-from edgespec.tui.session import ChatSession, open_session
+from edgespec.tui.session import ChatSession, aopen_session, open_session
+from edgespec.worker import Worker, loader
 from edgespec.tui.widgets import AnswerView, ChatInput, LoadingPanel, StatusBar, UserMessage
 
 ROOT = Path(__file__).resolve().parents[1]
+SAMPLED = {"temperature": 1.0, "seed": 1, "top_p": 1.0, "repetition_penalty": 1.0}
+"""Plain sampling (no chat defaults): a model drafting for itself has every draft accepted."""
 DRAFTED_FG, TARGET_FG = DRAFTED_STYLE.split()[0], TARGET_STYLE.split()[0]
 
 
@@ -43,9 +46,10 @@ def chat_app(model: str, *, method: str = "draft", max_tokens: int = 40,
              draft: str | None = "self", step_delay: float = 0.0) -> ChatApp:
     spec = SpecConfig(method=method, draft=model if draft == "self" else draft)
 
-    def load(status):
-        session = open_session(model, spec=spec, sampling=SamplingConfig(temperature=1.0, seed=1),
-                               generation=GenerationConfig(max_tokens=max_tokens), status=status)
+    async def load(status):
+        session = await aopen_session(model, spec=spec, sampling=SAMPLED,
+                                      generation=GenerationConfig(max_tokens=max_tokens),
+                                      status=status)
         session.target.tokenizer.eos_token_ids = frozenset()
         if step_delay:  # a slow target, so a test can act while an answer is being generated
             score = session.target.score
@@ -60,12 +64,12 @@ def chat_app(model: str, *, method: str = "draft", max_tokens: int = 40,
     return ChatApp(load, Path(model).name)
 
 
-def drive(app: ChatApp, body, size=(100, 30)) -> None:
+def drive(app: ChatApp, body, size=(100, 30), load_timeout: float = 30.0) -> None:
     """Run ``body(pilot)`` against the app once it has loaded (or failed to)."""
 
     async def main():
         async with app.run_test(size=size) as pilot:
-            await until(pilot, lambda: app.busy != "loading")
+            await until(pilot, lambda: app.busy != "loading", load_timeout)
             await body(pilot)
 
     asyncio.run(main())
@@ -116,10 +120,11 @@ def test_printable_and_ansi():
 def test_reply_segments_are_the_engines(tiny):
     """Updates carry the engine's segments as they are: the answer is their text, both kinds."""
     session = open_session(tiny, spec=SpecConfig(method="draft", draft=tiny),
-                           sampling=SamplingConfig(temperature=1.0, seed=3),
+                           sampling={**SAMPLED, "seed": 3},
                            generation=GenerationConfig(max_tokens=30))
     session.target.tokenizer.eos_token_ids = frozenset()
     updates = list(session.reply("the cat"))
+    session.close()
     segments = [s for u in updates for s in u.segments]
     assert "".join(s.text for s in segments) == session.messages[-1]["content"]
     assert {s.drafted for s in segments} == {True, False}
@@ -129,13 +134,15 @@ def test_session_stop_before_the_stream_begins(tiny):
     """A stop that lands between sending and the first step still stops the answer early."""
     from edgespec import load_target
 
-    session = ChatSession(load_target(tiny), generation=GenerationConfig(max_tokens=500))
+    worker = Worker(loader(load_target(tiny))).start()
+    session = ChatSession(worker, generation=GenerationConfig(max_tokens=500))
     session.target.tokenizer.eos_token_ids = frozenset()
     session.stop()
     updates = list(session.reply("hi"))
     assert updates[-1].finish_reason == "cancelled" and len(updates) <= 2
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
     assert list(session.reply("again"))[-1].finish_reason == "length"  # the stop was used up
+    session.close()
 
 
 def test_session_methods_and_draft_needs_come_from_the_registry(tiny):
@@ -146,18 +153,21 @@ def test_session_methods_and_draft_needs_come_from_the_registry(tiny):
     from edgespec.errors import ConfigError
 
     target = load_target(tiny)
-    alone = ChatSession(target, spec=SpecConfig(method="lookup"))
+    worker = Worker(loader(target, draft=tiny)).start()
+    alone = ChatSession(worker, spec=SpecConfig(method="lookup"))
     assert alone.methods == list(registry.available(None)) and "cascade" not in alone.methods
     with pytest.raises(ConfigError, match="--draft REF to use 'cascade'"):
         alone.set_method("cascade")
-    drafted = ChatSession(target, spec=SpecConfig(method="early-exit", exit_layer=1, draft=tiny))
+    drafted = ChatSession(worker, spec=SpecConfig(method="early-exit", exit_layer=1, draft=tiny),
+                          generation=GenerationConfig(max_tokens=4))
     assert drafted.methods == [m.name for m in registry.METHODS  # no head, no MTP layer
                                if not m.needs_head and not m.needs_mtp]
     for method in ("cascade", "lookup", "draft"):  # exit_layer stays with early-exit
         drafted.set_method(method)
         drafted.prepare()
-        assert drafted.engine.method == method
-    assert drafted._draft is not None
+        assert list(drafted.reply("hi"))[-1].stats.method == method
+    assert worker.draft is not None  # the draft model: loaded once, with the target
+    worker.stop()
 
 
 # the Textual app -----------------------------------------------------------------------------
@@ -296,7 +306,8 @@ def test_load_failure_is_shown_and_exits_nonzero(tmp_path):
 def test_plain_mode_through_a_pipe(tiny):
     """Not a terminal: line mode by itself, the model's exact text, stats on stderr."""
     cmd = [sys.executable, "-m", "edgespec.cli", "chat", tiny, "--method", "draft", "--draft", tiny,
-           "--temp", "1", "--seed", "1", "--max-tokens", "12"]
+           "--temp", "1", "--top-p", "1", "--repetition-penalty", "1", "--seed", "1",
+           "--max-tokens", "12"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, input="hello\n/method none\nhello again\n", capture_output=True,
                           text=True, env=env, timeout=120)
@@ -308,7 +319,7 @@ def test_plain_mode_through_a_pipe(tiny):
 
 def test_plain_mode_colours_and_errors(tiny):
     args = [tiny, "--plain", "--method", "draft", "--draft", tiny, "--temp", "1", "--seed", "1",
-            "--max-tokens", "12"]
+            "--top-p", "1", "--repetition-penalty", "1", "--max-tokens", "12"]
     result = CliRunner().invoke(chat, [*args, "--color", "always"], input="hi\n/temp 9999\n")
     assert result.exit_code == 0, result.output
     assert "\x1b[32m" in result.output and "error: temperature must be" in result.output
@@ -344,7 +355,8 @@ def test_in_tmux_starts_answers_and_quits_cleanly(tiny):
 
     try:
         keys(f"{env} {sys.executable} -m edgespec.cli chat {tiny} --method draft --draft {tiny} "
-             "--temp 1 --seed 1 --max-tokens 30; echo EXIT=$?", "Enter")
+             "--temp 1 --top-p 1 --repetition-penalty 1 --seed 1 --max-tokens 30; echo EXIT=$?",
+             "Enter")
         wait(r"ready\s+draft")  # the status bar, once the model has loaded
         keys("hello", "Enter")
         screen = wait(r"\d+ tokens · [\d.]+ tok/s")  # sampling may end on EOS before 30
@@ -370,9 +382,10 @@ def test_demo_model_chat():
     (docs/chat.svg is made this way)."""
     spec = SpecConfig(method="draft", draft="demo")
 
-    def load(status):
-        return open_session("demo", spec=spec, sampling=SamplingConfig(),
-                            generation=GenerationConfig(max_tokens=48), status=status)
+    async def load(status):  # plain greedy (no chat defaults): self-drafts are all accepted
+        return await aopen_session("demo", spec=spec,
+                                   sampling={"temperature": 0.0, "repetition_penalty": 1.0},
+                                   generation=GenerationConfig(max_tokens=48), status=status)
 
     app = ChatApp(load, "demo")
 
@@ -393,7 +406,7 @@ def test_demo_model_chat():
             Path(path).write_text(app.export_screenshot(title="edgespec chat"))
         await palette(pilot, "method none")
         # room enough that the answer is still running when Esc arrives, however fast the
-        # machine (48 tokens took ~1 s on the 2-core CI VM once the native kernels landed)
+        # machine (a short answer can be over before the key is pressed)
         app.session.generation = GenerationConfig(max_tokens=2000)
         view = await send(pilot, "Tell me a long story about Paris.")
         await until(pilot, lambda: len(view.text) >= 1, timeout=60)
@@ -423,13 +436,13 @@ def test_loading_says_how_far_the_verify_cost_measurement_is(tiny, tmp_path, mon
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(cost, "_memo", {})
     lines = []
-    open_session(tiny, spec=SpecConfig(method="lookup"), sampling=SamplingConfig(),
-                 generation=GenerationConfig(max_tokens=8), status=lines.append)
+    open_session(tiny, spec=SpecConfig(method="lookup"), generation=GenerationConfig(max_tokens=8),
+                 status=lines.append).close()
     measuring = [line for line in lines if "verify cost" in line]
     total = len(cost.SIZES) * 11
     assert measuring and measuring[-1].endswith(f"{total}/{total} forwards")
     lines.clear()
     monkeypatch.setattr(cost, "_memo", {})
-    open_session(tiny, spec=SpecConfig(method="lookup"), sampling=SamplingConfig(),
-                 generation=GenerationConfig(max_tokens=8), status=lines.append)
+    open_session(tiny, spec=SpecConfig(method="lookup"), generation=GenerationConfig(max_tokens=8),
+                 status=lines.append).close()
     assert not [line for line in lines if "verify cost" in line]

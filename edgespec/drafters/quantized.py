@@ -11,11 +11,11 @@ Honest costs:
 
 - **Speed.** It pays where the quantized copy's forward is much cheaper than the target's:
   Metal with a float16 / 8-bit target. On the Linux CPU backend with MLX's own quantized
-  matmul the draft cost about as much as the target (demo model: an 8-bit copy at 0.39x plain
-  decoding, a 4-bit copy at 0.28x). With the native quantized kernels (stop 31, AMD EPYC VM,
-  AVX2) a 4-bit copy's one-token forward takes 16-17 ms against the float32 target's 38-40 ms,
-  and on 24 MT-bench prompts it reaches tau 2.56 (57% of drafts accepted) yet 0.95x plain:
-  drafting one token at a time is 61% of its time.
+  matmul the draft costs about as much as the target, so the method runs slower than plain
+  decoding. With the native quantized kernels a 4-bit copy's forward is well under the float32
+  target's and it accepts well, yet drafting one token at a time takes most of its time, so it
+  gains little over plain decoding, if anything (see docs/measurements.md, "a step's
+  anatomy").
 - **Memory.** The quantized copy is extra weights held next to the target's: about
   ``bits / 32`` (float32 target) or ``bits / 16`` (half-precision target) of the target's weight
   memory, plus one scale and bias per ``group_size`` weights; norms (and any layer whose input

@@ -7,7 +7,10 @@ they are shipped in, and where a target's head is found.
 - ``medusa.py``: ``MedusaHeads``, ``medusa_loss``;
 - ``formats.py``: ``save_head`` / ``load_head`` (ours, EAGLE-3 ``midlayer.*`` / ``layers.0.*``,
   Medusa);
-- ``find.py``: ``find_head(target, kind)``.
+- ``find.py``: ``find_head(target, kind)``;
+- ``kind.py``: a head folder's kind and the sizes it states, from its config.json alone;
+- ``loaded.py``: ``load_head_for`` (a target's head, loaded once), ``head_kinds``,
+  ``head_in_bits``.
 """
 
 from .config import HeadConfig, fingerprint

@@ -13,8 +13,8 @@ On disk (``save_corpus``; ``load_corpus`` counts its table) a corpus is the answ
 ``corpus.safetensors`` holds ``tokens/<i>`` and ``offsets/<i>`` per source ``i`` (one source per
 ``edgespec train corpus`` run: its prompts' origin), and ``config.json`` an ``edgespec`` section
 with kind ``corpus``, the target's fingerprint and vocabulary size, and the sources. The table is
-rebuilt when loaded (about a second for the demo model's 260 k tokens). A corpus made for another
-target is refused with :class:`HeadError` naming both.
+not stored: it is counted from the tokens when loaded. A corpus made for another target is
+refused with :class:`HeadError` naming both.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 On Metal and CUDA, ``mx.fast.scaled_dot_product_attention`` and ``nn.silu`` are fused kernels
 and are used as they are. On the CPU backend both end in MLX's elementwise ``exp``/``sigmoid``,
-which cost 20-26 ns per element there (measured on the dev VM, MLX 0.32.4), while
-``mx.power(e, x)`` costs about 9: at an 8-token verify with 500 keys that is 24 ms of a 90 ms
-forward in the softmax alone. So on the CPU the softmax and SiLU are written out with
-``power`` (same math; results differ from the library ops in the last bit or so, for plain
-decoding and speculation alike, which is all that losslessness needs).
+which were measured at several times the per-element cost of ``mx.power(e, x)``, enough to
+make the softmax a large share of a verify forward (see docs/measurements.md, "Figures that
+stood in the design text"). So on the CPU the softmax and SiLU are written out with ``power`` (same math; results
+differ from the library ops in the last bit or so, for plain decoding and speculation alike,
+which is all that losslessness needs).
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@
 ``on_cpu``: MLX's CPU backend, where the written-out CPU forms of the kernels run.
 ``use_small_matmul(m, n, k)``: whether ``x @ w.T`` with x (m, k) and w (n, k) runs the native
 kernel (``kernels/native``) instead of MLX's matmul (the BLAS). The rule is per shape and
-comes from measurements on the dev machine (docs/architecture.md, "Backends"): on the CPU,
-with the native module loaded and SIMD code for this CPU (AVX-512 or AVX2), for
-``m <= SMALL_M_MAX`` rows and products of at least ``MIN_WORK`` multiply-adds.
+comes from measurements on the dev machine (docs/measurements.md, "Small-M products: where the
+native kernel takes over"): on the CPU, with the native module loaded and SIMD code for this CPU
+(AVX-512 or AVX2), for ``m <= SMALL_M_MAX`` rows and products of at least ``MIN_WORK`` multiply-adds.
 ``use_q8_activations(bits)``: whether the quantized kernel first rounds x to int8 per 32 values
-(``EDGESPEC_Q8_ACTIVATIONS=1`` or ``set_q8_activations(True)``; opt-in because it changes the
-numerics; AVX-512 VNNI CPUs only). ``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
+and multiplies in integers: the default where the kernels run, for 4-bit weights on AVX-512 VNNI
+and AVX2 CPUs alike (the same bits on both) and for 8-bit weights on AVX-512, inside forwards
+whose blocks all run as native operations (``q8_scope``). ``EDGESPEC_Q8_ACTIVATIONS=0`` or
+``set_q8_activations(False)`` keep x in float32, as mlx-lm computes it.
+``set_native_enabled(False)`` turns the kernels off for this process (A/B measurements;
 ``EDGESPEC_NATIVE=0`` does the same from the environment). ``choice_key()`` is what the
 choice depends on besides the shape: compiled functions that made it while tracing are
 cached under it.
@@ -16,16 +19,19 @@ cached under it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import mlx.core as mx
 
 from ..errors import EdgespecError
 from . import native
 
-# Measured against OpenBLAS on every demo-model product with cold weights, as a forward reads
-# them (docs/architecture.md, "Backends"): faster at 1..32 rows for every product of at least
-# MIN_WORK multiply-adds, o_proj 576x576 at one row included (57 vs 98 us: the BLAS's GEMV runs
-# on one thread, the kernel splits the rows over two). Smaller products (draft heads'
-# and tiny test models') stay on the BLAS: they were not measured to gain.
+# Chosen from measurements against OpenBLAS on every demo-model product with cold weights, as a
+# forward reads them (docs/measurements.md, "Small-M products: where the native kernel takes
+# over"): the kernel was faster at 1..32 rows for every product of at least MIN_WORK
+# multiply-adds. Smaller products (draft heads' and tiny test models') stay on the BLAS: they
+# were not measured to gain.
 SMALL_M_MAX = 32
 MIN_WORK = 100_000
 SIMD_ISAS = ("avx512", "avx2")
@@ -33,6 +39,8 @@ SIMD_ISAS = ("avx512", "avx2")
 _enabled = [True]
 Q8_ENV = "EDGESPEC_Q8_ACTIVATIONS"
 _q8_override: list[bool | None] = [None]  # set_q8_activations' override of Q8_ENV
+# False while a forward whose rows are not bit-independent builds its graph (q8_scope)
+_q8_rows_exact = contextvars.ContextVar("edgespec_q8_rows_exact", default=True)
 
 
 class KernelError(EdgespecError, ValueError):
@@ -66,25 +74,47 @@ def set_q8_activations(enabled: bool | None) -> None:
 
 
 def q8_activations_requested() -> bool:
-    """The one place ``EDGESPEC_Q8_ACTIVATIONS`` is read: "1" asks for int8 activations in the
-    4-bit kernel, "0" or unset does not; any other value is an error."""
+    """The one place ``EDGESPEC_Q8_ACTIVATIONS`` is read: "1" or unset asks for int8 activations
+    in the quantized kernel, "0" keeps x in float32; any other value is an error."""
     if _q8_override[0] is not None:
         return _q8_override[0]
     import os
 
-    value = os.environ.get(Q8_ENV, "0") or "0"
+    value = os.environ.get(Q8_ENV, "1") or "1"
     if value not in ("0", "1"):
         raise KernelError(f"{Q8_ENV}={value!r} is not one of 0, 1")
     return value == "1"
 
 
+@contextlib.contextmanager
+def q8_scope(rows_exact: bool):
+    """Int8 activations only where a multi-row forward gives each row the bits it gets alone.
+
+    Rounding x to int8 turns a difference in the last bit of an activation into a different
+    int8 value wherever x sits on a rounding boundary, so a forward whose other operations are
+    not bit-independent per row (the module path of MoE, hybrid and some attention variants)
+    would let a verify of many tokens disagree with one-token decoding. The target's forward
+    runs inside this scope with ``rows_exact`` = every block runs as one native operation
+    (``Decoder.native_blocks``); outside it int8 activations stay allowed."""
+    token = _q8_rows_exact.set(bool(rows_exact))
+    try:
+        yield
+    finally:
+        _q8_rows_exact.reset(token)
+
+
 def use_q8_activations(bits: int) -> bool:
     """Whether the quantized kernel rounds x to int8 per 32 values (kernels/qmatmul.py): asked
-    for, 4- or 8-bit weights, and the native module's AVX-512 VNNI code can run (else the float
-    kernel runs, numerics unchanged)."""
-    if bits not in (4, 8) or not q8_activations_requested() or not native_enabled():
+    for (the default), 4- or 8-bit weights (8 bits on AVX-512 only), inside a forward whose
+    rows are bit-independent (``q8_scope``), and the native module has an int8 form for this
+    CPU (AVX-512 VNNI or AVX2; else the float kernel runs)."""
+    if bits not in (4, 8) or not _q8_rows_exact.get() or not q8_activations_requested() \
+            or not native_enabled():
         return False
-    return bool(getattr(native.load(), "has_q8_activations", lambda: False)())
+    mod = native.load()
+    if bits == 8 and mod.isa() != "avx512":  # AVX2's 8-bit form splits nibbles: slower than
+        return False  # float x there (docs/measurements.md, "Int8 activations by default")
+    return bool(getattr(mod, "has_q8_activations", lambda: False)())
 
 
 def use_native_block_ops() -> bool:
@@ -104,11 +134,9 @@ def prefill_chunk(native_blocks: bool) -> int:
     small forwards as one native operation (``native_blocks``: ``Decoder.native_blocks``) and
     the native block is in use (the CPU), ``SMALL_M_MAX``: each chunk then goes through it (the
     chunk's products on the native kernels, its attention on the tree attention) instead of
-    MLX's ops and BLAS. On the AMD EPYC VM (2 cores, OpenBLAS), the median prefill of 8
-    MT-bench prompts (52-87 tokens) of the demo model: float32 330 -> 161 ms, 8-bit 236 -> 183,
-    4-bit 233 -> 187 (chunks of 16: 188, 191, 198); a 400-token prompt: float32 1.5-1.8 ->
-    1.0-1.1 s, 8-bit 1.5-1.8 -> 1.0 s. Otherwise 512 (models whose blocks have no native form,
-    e.g. Gemma's or q/k-normed ones, were not measured with smaller chunks)."""
+    MLX's ops and BLAS (docs/measurements.md, "The prefill in chunks of 32 tokens"). Otherwise
+    512 (models whose blocks have no native form, e.g. Gemma's or q/k-normed ones, were not
+    measured with smaller chunks)."""
     return SMALL_M_MAX if native_blocks and on_cpu() and use_native_block() else 512
 
 
@@ -118,16 +146,17 @@ def use_small_matmul(m: int, n: int, k: int) -> bool:
 
 def use_quantized_small_matmul(m: int, group_size: int, bits: int) -> bool:
     """The quantized kernel (kernels/qmatmul.py) runs with AVX-512 or AVX2 code (on other CPUs
-    MLX's product runs), at any number of rows: MLX's CPU product costs about M times its
-    one-row time, so the kernel was 6x faster at 1 row and 28-52x at 8-512 rows of a
-    3072 x 576 4-bit product (dev VM, AVX-512), prefills included."""
+    MLX's product runs), at any number of rows, prefills included: MLX's CPU product costs about
+    M times its one-row time (docs/measurements.md, "Small-M products: where the native kernel
+    takes over", its quantized part)."""
     return m >= 1 and bits in (4, 8) and group_size in (32, 64, 128) and native_enabled()
 
 
 def use_native_tree_attention() -> bool:
     """Whether tree/chain forwards of at most 64 tokens attend through the native kernel
     (``kernels/tree_attention.py``) on this CPU: one operation per layer instead of the
-    written-out softmax's eight, each of which costs MLX ~20 us to launch here."""
+    written-out softmax's eight, each launched by MLX on its own (docs/measurements.md, "Figures
+    that stood in docstrings")."""
     return native_enabled() and hasattr(native.load(), "tree_attention")
 
 
@@ -143,9 +172,9 @@ def native_summary() -> str:
     mod = native.load()
     if mod.isa() not in SIMD_ISAS:
         return f"inactive: no AVX2/AVX-512 on this CPU ({st.reason}); MLX's matmul is faster"
-    q8 = ("off" if not q8_activations_requested() else
+    q8 = (f"off ({Q8_ENV}=0): float x" if not q8_activations_requested() else
           "on: x rounded to int8 per 32 values" if use_q8_activations(4) else
-          f"asked ({Q8_ENV}=1) but no AVX-512 VNNI code here: float x")
+          "asked but no int8 form for this CPU: float x")
     unpack = ("once for all rows" if mod.buffered_dequantization() else "per 4 rows")
     if not use_q8_activations(4):  # the int8 form has no float-kernel path
         unpack += f", from {mod.dequantized_gemm_rows()} rows once a chunk for the float kernel"

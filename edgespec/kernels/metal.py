@@ -9,8 +9,9 @@ for tests and for running the engine's kernel path on machines without Metal). B
 return the same arrays, so each op (``tree_attention.py``, ``accept.py``, ``compact.py``) builds
 one call and the backend chooses where it runs (``backend.metal_kernels``).
 
-The sources are found in the package (``edgespec/kernels_metal``, where the wheel installs them)
-or, in a checkout, at the repository root.
+The sources live at the repository root (``kernels_metal/``); a wheel carries them as
+``edgespec/kernels_metal`` (``wheel.packages`` in ``pyproject.toml``). ``source_dir()`` looks in the
+installed package first, then at the root of the checkout this package runs from.
 """
 
 from __future__ import annotations

@@ -9,17 +9,19 @@ values ``scale * q + bias`` with two vpermps per 16 packed bytes, x de-interleav
 to match the low/high nibble order)
 where ``backend.use_quantized_small_matmul`` chose it, else its pure-MLX twin
 ``quantized_small_matmul_mlx`` (``mx.quantized_matmul``, whose CPU form costs about M times its
-one-row time: 12 ms for 8 rows of the demo's gate|up against 1.5 ms for one).
+one-row time).
 ``quantized_small_matmul_native`` always runs the kernel. Agreement with the twin: within
 1e-5 · Σ_k |x_k · w_k| of the dequantized weights (``tests/test_qmatmul.py``).
 
-Opt-in int8 activations (``backend.use_q8_activations``: ``EDGESPEC_Q8_ACTIVATIONS=1``, 4 or 8
-bits, AVX-512 VNNI; ``kernels/native/kernel_q8_avx512.cpp``): each row of x is rounded per
+Int8 activations (the default where they run: ``backend.use_q8_activations``; 4 or 8 bits,
+AVX-512 VNNI: ``kernels/native/kernel_q8_avx512.cpp``, AVX2: ``kernel_q8_avx2.cpp``, the same
+bits on both; ``EDGESPEC_Q8_ACTIVATIONS=0`` keeps x in float32): each row of x is rounded per
 32-value block to int8 q with scale d = max|x| / 127 (q = round-half-even(x / d)), the 4- or
-8-bit values are multiplied with q exactly in int32 (vpdpbusd) and scaled by group scale × d, plus
-bias × Σ d·q per group. Its twin ``quantized_small_matmul_q8_mlx`` rounds x the same way in MLX
+8-bit values are multiplied with q exactly in int32 and scaled by group scale × d, plus
+bias × d·Σq per block. Its twin ``quantized_small_matmul_q8_mlx`` rounds x the same way in MLX
 and multiplies ``d * q`` with the dequantized weights in float32; agreement: within 1e-5 ·
-Σ_k |x̂_k · w_k|, x̂ = d·q. A row's result does not depend on the other rows either way.
+Σ_k |x̂_k · w_k|, x̂ = d·q. A row's result does not depend on the other rows either way, so a
+verify of many tokens gives each token the bits it gets alone.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """RMSNorm and the q|k|v split with RoPE, the small operations around a block's products.
 
 On MLX's CPU backend ``mx.fast.rms_norm`` and ``mx.fast.rope`` fall back to compositions of
-elementwise operations, and each MLX operation costs microseconds whatever its size: on the dev
-VM (MLX 0.32.4) an RMSNorm of 576 floats took 20-64 us, RoPE of one token's 9 heads 60 us (170 us
-at 8 tokens), and the split, reshapes and transposes of q|k|v as much again: 6 ms of a 29 ms
-float32 forward of the demo model went to them. The native ops (``native/rope_norm.h``) do each
-in one operation; ``rms_norm`` and ``qkv_rope`` run them where ``backend.use_native_block_ops``
-says, else their pure-MLX twins ``rms_norm_twin`` / ``qkv_rope_twin``. Each row is computed on
-its own either way, so a row's result does not depend on the rows computed with it. The native
-ops agree with the twins within float32 rounding: 1e-5 relative for the norm, 2e-6 plus the
-angle's rounding (position x 1e-7) for RoPE (``tests/test_rope_norm.py``).
+elementwise operations, and each MLX operation costs microseconds whatever its size, so the
+norms, RoPE and the split, reshapes and transposes of q|k|v were a large share of a small
+model's float32 forward (see docs/measurements.md, "per-operation costs"). The native ops
+(``native/rope_norm.h``) do each in one operation; ``rms_norm`` and ``qkv_rope`` run them where
+``backend.use_native_block_ops`` says, else their pure-MLX twins ``rms_norm_twin`` /
+``qkv_rope_twin``. Each row is computed on its own either way, so a row's result does not
+depend on the rows computed with it. The native ops agree with the twins within float32
+rounding: 1e-5 relative for the norm, 2e-6 plus the angle's rounding (position x 1e-7) for RoPE
+(``tests/test_rope_norm.py``).
 """
 
 from __future__ import annotations

@@ -9,22 +9,12 @@ dlopens extensions ``RTLD_NOW``: the slot is bound at import). On macOS it does 
 be loaded raises :class:`ConfigError`. ``blas_info()`` reports what libmlx's own GOT slot for
 ``cblas_sgemm`` points into (ground truth, checked against timings), not a guess.
 
-Default order, measured on the 2-core Intel Xeon (AVX-512) dev box, mlx 0.32.4: float32 ``x @ w.T``
-at SmolLM2-135M shapes, ms for 1 | 8 rows, best median of 14 runs (machine shared, noisy):
-    576->1536 (up):   reference .62 | 4.6   openblas .22 | .53   mkl .040 | .135
-    576->49152 (head): reference 22 | 185   openblas 8.5 | 21.5  mkl 2.5 | 10.7
-    whole forward (mlx-lm llama, 30 layers, 64-token cache): reference 161 | 1009,
-    openblas 95 | 165, mkl 47 | 80.  Threads: 1 thread is 1.5-4x slower than 2 for both, and the
-    libraries' default (= 2 here) matches 2, so thread settings are left to MKL/OPENBLAS_NUM_THREADS.
-Hence MKL (pip ``mkl``, in ``sys.prefix/lib``) first, then system OpenBLAS (``libopenblas0-pthread``).
-
-On AMD CPUs the order is the other way round. Measured on the 2-core AMD EPYC (AVX-512) dev box,
-2026-11-23, demo model, ``edgespec bench --methods none,lookup --limit 8 --max-tokens 128``, two
-runs each, the second in reverse order: plain decoding 13.3 / 15.2 tok/s with MKL against
-16.6 / 17.0 with Debian's OpenBLAS 0.3.21, lookup 18.3 / 20.9 against 20.4 / 21.5. Forward cost
-(``scripts/forward_profile.py``, 10 rounds) 1 | 8 tokens: MKL 72.9 | 115.1 ms, OpenBLAS 61.2 |
-87.3, BLIS 54.5 | 90.3; the LM head's 8-row product costs 3.1x its 1-row one under MKL and 1.1x
-under OpenBLAS.
+Default order (``default_order``): MKL (pip ``mkl``, in ``sys.prefix/lib``) first, then the
+system's OpenBLAS (``libopenblas0-pthread``); on AMD CPUs OpenBLAS first. Both beat MLX's reference
+BLAS by a wide margin on every product a forward makes; MKL was the faster of the two on the Intel
+dev VM, OpenBLAS on the AMD one (docs/measurements.md, "OpenBLAS against MKL", and "Figures that
+stood in docstrings" for the Intel per-product figures). The threads are left to the libraries
+(``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``): their default matched the best setting there.
 """
 
 from __future__ import annotations
@@ -104,11 +94,10 @@ def _load(choice: str) -> BlasInfo:
 def quiet_openmp_threads() -> None:
     """MKL's OpenMP threads sleep as soon as a product ends (``KMP_BLOCKTIME=0``, unless set).
 
-    By default they spin for 200 ms after each MKL call, on a 2-core machine taking a core from
-    the native kernels' second thread: with a Medusa head, whose products run through MKL every
-    step, the target's 2-node forwards came in bursts of ~45 ms instead of ~21, and the method
-    ran at 35.3 tok/s against 48.6 with ``KMP_BLOCKTIME=0`` (the Xeon VM, one prompt, 128
-    tokens; plain decoding and the corpus, which call MKL only for prefills, did not change).
+    By default they spin for 200 ms after each MKL call, and on a small machine that takes a core
+    from the native kernels' second thread: methods whose drafting runs MKL products every step
+    (a Medusa head's) lost much of their speed to it, while plain decoding, which calls MKL only
+    for prefills, did not (docs/measurements.md, "MKL's OpenMP threads").
     Intel's OpenMP reads the variable when it starts, so it is set before MKL is loaded."""
     global _quieted
     if "KMP_BLOCKTIME" not in os.environ:
@@ -123,9 +112,8 @@ def busy_openmp_threads() -> None:
     """Give MKL's OpenMP threads back their default 200 ms of spinning, for work that is all
     MKL products and never runs the native kernels' pool: ``edgespec train``'s batched
     generation, teacher forcing and training steps. There, sleeping after every call costs far
-    more than it saves: 64 questions' answers (6,144 tokens, mlx-lm's batched generator) took
-    222 / 225 s with ``KMP_BLOCKTIME=0`` against 41.3 / 41.1 s with 200 (Xeon VM, alternating
-    runs, stop 26). Only edgespec's own setting is undone, and only before OpenMP has started
+    more than it saves (docs/measurements.md, "Figures that stood in docstrings"). Only
+    edgespec's own setting is undone, and only before OpenMP has started
     (it reads the variable once): call this before the first MKL product."""
     global _quieted
     if _quieted and os.environ.get("KMP_BLOCKTIME") == "0":

@@ -20,6 +20,7 @@ import click
 from .. import options
 from ..config import ModelConfig, SpecConfig
 from ..errors import EdgespecError
+from ..extras import missing_extra
 
 
 def _guarded(fn):
@@ -65,8 +66,7 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
 
         from . import ServerSettings, ServerState, create_app
     except ImportError as e:
-        raise EdgespecError(f"`edgespec serve` needs fastapi and uvicorn ({e}); "
-                            "install them with: pip install fastapi uvicorn") from e
+        raise missing_extra("edgespec serve", e) or e
     v = options.values("serve", kw)
     model, draft = options.config(ModelConfig, v).model, v.get("draft")
     settings = ServerSettings(

@@ -7,8 +7,9 @@ serve, ``RequestError`` for an unsupported field value, ``ConfigError`` (from th
 dataclasses, message unchanged) for a bad sampling / stop / method value,
 ``ContextOverflowError`` for a prompt that does not fit. Encoding happens here, on the request's
 thread, so a bad request is answered at once rather than after the queue. The generated fields
-(``options.SURFACES["request"]``) become configs through ``options``, with that surface's
-defaults (OpenAI's temperature 1; the server's --max-tokens-limit and speculation options).
+(``options.SURFACES["request"]``) become configs through ``options``, over the model's own
+sampling settings (``generation_defaults.py``), over that surface's defaults (OpenAI's
+temperature 1; the server's --max-tokens-limit and speculation options).
 A completion with a non-empty ``suffix`` is fill-in-the-middle: ``prompt`` is the text before
 the hole and the prompt is built in the model's own FIM format (``fim.py``); a model without
 FIM tokens gets a 400 naming ``suffix``. OpenAI's accounting fields are checked in
@@ -144,7 +145,7 @@ def _configs(body: GenerationFields, state: ServerState, max_tokens: int | None,
     if max_tokens is not None and max_tokens > limit:
         raise RequestError(f"{param} is {max_tokens} but this server allows at most {limit} "
                            "(--max-tokens-limit)", param)
-    sent = options.values("request", dict(body))
+    sent = options.values("request", dict(body), model=state.sampling)
     sent["max_tokens"] = limit if max_tokens is None else max_tokens
     generation = options.config(GenerationConfig, sent)
     return generation, options.config(SamplingConfig, sent), _spec(sent, state)

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, fields
 from .. import options
 from ..config import SpecConfig
 from ..drafters import registry
+from ..drafters.default import interactive_method
 from ..errors import ConfigError
+from ..generation_defaults import model_sampling
+from ..heads.loaded import load_head_for
 from ..targets.mtp import check_mtp
 from ..worker import Worker, loader
 
@@ -31,7 +34,7 @@ class ServerSettings:
     """
 
     model: str = "demo"
-    method: str | None = None  # None: options.interactive_method for the loaded model
+    method: str | None = None  # None: interactive_method for the loaded model
     draft: str | None = None
     dtype: str | None = None
     spec_options: Mapping[str, object] = field(default_factory=dict)
@@ -76,7 +79,7 @@ class ServerSettings:
         (for ``target`` once loaded: 'corpus' when the model has one)."""
         if self.method is not None:
             return self.method
-        return options.interactive_method(self.draft, target, self.spec_options.get("head"))
+        return interactive_method(self.draft, target, self.spec_options.get("head"))
 
 
 class ServerState:
@@ -88,8 +91,9 @@ class ServerState:
         self.target = worker.target
         self.method = settings.default_method(self.target)
         self.methods = settings.available_methods(self.target)
+        self.sampling = model_sampling(self.target.path)  # a request's defaults, under its fields
         if self.method not in self.methods and registry.get(self.method).needs_head:
-            registry.load_head_for(settings.spec(self.method, {}), self.target, self.method)
+            load_head_for(settings.spec(self.method, {}).head, self.target, self.method)
         if self.method not in self.methods and registry.get(self.method).needs_mtp:
             check_mtp(self.target)  # ConfigError naming what the checkpoint lacks
         self.created = int(time.time())

@@ -12,8 +12,9 @@ values: two fine-tunes of one architecture cost the same.
 nodes sorted by their (calibrated) probability of being accepted, the best N-node tree is the
 first N, its expected committed tokens are 1 + the sum of their probabilities, and N is the one
 maximising that over (draft ms + verify ms(N + 1)) (Sequoia's idea: the tree is sized by this
-device's costs, not by constants tuned on a datacenter GPU). On a CPU the curve rises steeply
-(an 8-node forward costs about 2.2x a 1-node one on the demo model), so trees stay small.
+device's costs, not by constants tuned on a datacenter GPU). On a CPU the curve rises much
+sooner than on a GPU (see docs/measurements.md, "a flatter verify-cost curve"), so trees stay
+small.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class CostCurve:
     @cached_property
     def table(self) -> np.ndarray:
         """``ms(n)`` for n = 0 .. 2 * MAX_NODES, made once: a drafting step sizes its tree
-        several times, and one ``np.interp`` per candidate size cost ~1.5 ms of a step."""
+        several times, and one ``np.interp`` per candidate size was a measurable share of a
+        step."""
         return np.array([self.ms(n) for n in range(2 * MAX_NODES + 1)])
 
     def ms_range(self, first: int, count: int) -> np.ndarray:
@@ -157,8 +159,9 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
     pass over every size (compiled functions are built per input shape), then ``repeats``
     rounds that visit every size in turn, so a slow spell of a shared machine lands on all
     sizes alike instead of on one; then ``monotone``. In a round each size is scored twice
-    and the second is timed: right after a 64-node forward a 1-node one took ~20% longer than
-    in a run of its own size, as decoding runs it (the Xeon VM)."""
+    and the second is timed: right after a 64-node forward a 1-node one was measured slower
+    than in a run of its own size, as decoding runs it (see docs/measurements.md, "The
+    verify-cost curve measured in rounds")."""
     cache = target.make_cache()
     vocab = target.args.vocab_size
     ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(context + max(sizes))]
@@ -168,7 +171,7 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
     trees = [DraftTree(ids[context : context + n], [-1] + [(i - 1) // 2 for i in range(1, n)])
              for n in sizes]
     runs: list[list[float]] = [[] for _ in sizes]
-    # ~15 s for the demo model on a 2-core CPU, once per machine: a bar says what the wait is
+    # seconds for a small model on a CPU, once per machine: a bar says what the wait is
     total, report = len(sizes) * (1 + 2 * repeats), _report.get()
     desc = "measuring this machine's verify cost (once; cached)"
     bar = tqdm(total=total, unit="forward", leave=False, desc=desc)
@@ -189,8 +192,8 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
 
 def monotone(times) -> tuple[float, ...]:
     """Each size's time no more than any larger size's: scoring fewer nodes never costs more
-    (a shorter forward could be padded), so a slow measurement of a small size (seen: 1 node
-    at 38 ms beside 2 nodes at 18 ms, cached for good) is replaced by the cheapest larger
+    (a shorter forward could be padded), so a slow measurement of a small size (seen: a
+    1-node time above the 2-node one, cached for good) is replaced by the cheapest larger
     one."""
     out = [float(t) for t in times]
     for i in range(len(out) - 2, -1, -1):

@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..kernels.attention import prepare
+from ..kernels.backend import q8_scope
 from ..kernels.matmul import linear
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
@@ -137,6 +138,10 @@ class Decoder(nn.Module):
         Cache slot of layer ``i``: ``i`` when the cache has a slot per layer of the model,
         otherwise the position of ``i`` in ``layers`` (a cache made for that subset).
         """
+        with q8_scope(self.native_blocks()):
+            return self._run(tokens, positions, masks, cache, layers, hidden, capture)
+
+    def _run(self, tokens, positions, masks, cache, layers, hidden, capture):
         x = self.embed(tokens) if hidden is None else hidden
         extra = self.layer_inputs(tokens)
         positions, _ = prepare(positions, None)
@@ -177,4 +182,6 @@ class Decoder(nn.Module):
 
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)
-        return linear(self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head, h)
+        head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+        with q8_scope(self.native_blocks()):
+            return linear(head, h)

@@ -17,6 +17,7 @@ import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..loading.tokenizer import Tokenizer
+from .config_check import check_shapes, check_values
 from .decoder import Decoder
 from .families import family_of
 from .mtp import split_mtp
@@ -35,11 +36,13 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     path = Path(path)
     config = _read_config(path)
     family = family_of(config)
+    check_values(config, family.args, path)
     try:
         args = family.args.from_dict(config)
     except TypeError as e:  # a required field missing (the dataclass names it)
         raise ModelLoadError(f"{path / 'config.json'} is not a complete "
                              f"{config.get('model_type')!r} config: {e}") from None
+    check_shapes(args, path)
     weights = _read_weights(path)
     quant = _mlx_quantization(config.get("quantization") or config.get("quantization_config"))
     dtype = dtype or default_dtype()

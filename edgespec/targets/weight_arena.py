@@ -2,12 +2,12 @@
 
 A decoding step reads every block weight once, ~0.5 GB for the float32 demo model, from buffers
 MLX allocated with ordinary 4 KB pages: ~130,000 pages a token, far more than the TLB holds, so
-each needs its address translated anew (in a VM, through two sets of page tables). On the dev VM
-(Intel Xeon, 2 cores) a one-row product over 0.5 GB streamed 28.9 GB/s on 4 KB pages and
-31.5-32.4 GB/s on 2 MB pages (a standalone harness, stop 27); `edgespec doctor`'s bandwidth
-figure is numpy's read of its own array, which numpy already puts on 2 MB pages.
+each needs its address translated anew (in a VM, through two sets of page tables). A one-row
+product streams its weights measurably faster from 2 MB pages than from 4 KB ones (see
+docs/measurements.md, "the weights on 2 MB pages"); `edgespec doctor`'s bandwidth figure is
+numpy's read of its own array, which numpy already puts on 2 MB pages.
 
-Under the ``madvise`` policy (the dev VM's, and many distributions') Linux gives an anonymous
+Under the ``madvise`` policy (many distributions' default) Linux gives an anonymous
 buffer transparent huge pages only where it is asked to, so this module asks:
 
 - ``pack_blocks``: a fused model's block weights (q|k|v, o, gate|up, down per block, float or
@@ -23,10 +23,10 @@ buffer transparent huge pages only where it is asked to, so this module asks:
 ``Decoder.fuse`` does both, for the blocks and the LM head (whose arrays are each one buffer of
 their own already).
 
-Measured on the dev VM with the float32 demo: loading took 1.4-2.6 s instead of 1.05-1.1 (the
-copy ~0.35 s, the rest the kernel finding 2 MB pages, which varies from run to run), MLX's peak
-memory was unchanged (648 against 647 MB), and every method decoded ~5% faster (24 MT-bench
-prompts: plain 46.1 against 43.9 tok/s, the corpus 70.3 against 66.8).
+The trade, measured with the float32 demo model: loading takes longer (the copy, and the kernel
+finding 2 MB pages, which varies from run to run), MLX's peak memory is unchanged, and every
+method decodes a few percent faster, so it is on by default (see docs/measurements.md, "the
+weights on 2 MB pages").
 
 ``EDGESPEC_HUGE_PAGES=0`` turns it off; elsewhere than Linux's CPU backend, or where the
 administrator set the policy to ``never``, it does nothing. The bytes the kernel put on huge

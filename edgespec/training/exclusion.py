@@ -3,8 +3,8 @@
 ``EvalExclusion.from_dir(eval_dir)`` reads every prompt in the evaluation files (jsonl records
 with ``turns``, ``prompt``, ``messages`` or ``conversations``) and refuses a training prompt that
 equals one after normalisation (case, punctuation, whitespace) or shares a run of ``n`` words
-with one. The default evaluation folder is ``../shared/eval`` beside the repository, or
-``$EDGESPEC_EVAL_DIR``.
+with one. The held-out evaluation prompts are read from ``../shared/eval`` beside the
+repository by default, or from ``$EDGESPEC_EVAL_DIR``.
 """
 
 from __future__ import annotations

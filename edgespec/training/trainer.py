@@ -13,7 +13,9 @@ folder and renamed, then ``latest`` names it; only the newest two are kept.
 
 A step (loss, gradients, clipping, the AdamW update) is one ``mx.compile``d function of the
 batch; batches are padded to a multiple of ``objectives.PAD_TO`` rows, so it is traced for a few
-shapes only (27% less time a step than uncompiled on the demo model's EAGLE-3 batches).
+shapes only. It is compiled because that was measured faster than uncompiled on the demo
+model's EAGLE-3 batches, tracing included (see docs/measurements.md, "what a trained head
+costs").
 
 The split is by sequence (``split``), seeded; the held-out windows are evaluated every
 ``plan.eval_every`` steps and at the end: loss and, per depth (EAGLE-3) or head (Medusa), top-1

@@ -1,37 +1,59 @@
 """The Textual chat app: a conversation whose answers show, as they stream, which tokens the target
 accepted from the drafter and which it produced itself.
 
-Threads: loading, building drafters and generating run as jobs (``jobs.py``) on one engine thread
-(:class:`EngineThread`), driven by Textual workers one at a time (the engine is not thread-safe;
-``busy`` says which job runs). Jobs never touch widgets: they post messages, and this class,
-on the UI thread, is the only one that changes the screen. While a job runs, the UI thread calls
-only ``session.stop()``.
+Threads: loading, checking a method switch, generating and measuring run on the session's
+generation worker (``worker.Worker``, the server's and the Python API's thread), one at a time;
+this class awaits them as asyncio tasks on the UI's event loop (Textual workers without threads;
+``busy`` says which runs), so only the UI thread changes the screen. An answer arrives in batches
+(``ChatSession.areply``): one redraw per batch, whatever the model's speed. Escape cancels the
+worker's job after its current step; leaving the app stops the worker, which releases its MLX
+state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
 from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ..drafters import registry
-from ..errors import EdgespecError
+from ..errors import ContextOverflowError, EdgespecError
+from ..generation_defaults import describe as describe_sampling
 from ..stats import phrase
-from . import jobs
-from .jobs import Flush, JobDone, Loaded, Loader, LoadFailed, Mailbox, Progress
 from .screens import HelpScreen, TemperatureScreen
-from .session import ChatSession, EngineThread, Update
+from .session import ChatSession, Status, Update
 from .widgets import AnswerView, ChatInput, Legend, LoadingPanel, StatusBar, UserMessage, status_text
 
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 _FINISH_NOTES = {"cancelled": "stopped", "length": "token limit", "stop": ""}
+Opener = Callable[[Status], Awaitable[ChatSession]]
+"""Opens the session (``session.aopen_session``); its status lines come from the worker thread."""
+
+
+class Progress(Message):
+    """A line saying what the worker is doing (loading a model, measuring, ...): posted from
+    the worker's thread (``post_message`` is thread-safe)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+def describe(error: Exception) -> str:
+    """One line for an error shown in the app."""
+    if isinstance(error, ContextOverflowError):
+        return f"{error} (Ctrl+N starts a new conversation)"
+    if isinstance(error, OSError) and error.filename:
+        return f"{error.strerror or error}: {error.filename}"
+    return str(error)
 
 
 class ChatApp(App[None]):
@@ -54,23 +76,21 @@ class ChatApp(App[None]):
     ]
 
     busy: var[str | None] = var("loading", bindings=True)
-    """The running job: "loading" | "generating" | "measuring", "failed", or None when idle."""
+    """The running work: "loading" | "generating" | "measuring", "failed", or None when idle."""
 
-    def __init__(self, loader: Loader, model_label: str):
+    def __init__(self, opener: Opener, model_label: str):
         super().__init__()
         self.sub_title = model_label
         self.model_label = model_label
         self.session: ChatSession | None = None
         self.colored = True
         self.load_error: str | None = None
-        self._loader = loader
+        self._opener = opener
         self._pending: str | None = None  # a message sent while the model loads
         self._answer: AnswerView | None = None
         self._last: Update | None = None
         self._note: str | None = None  # a worker's progress line, shown in the status bar
         self._new_after_stop = False
-        self._mailbox = Mailbox(lambda: self.post_message(Flush()))
-        self._engine_thread = EngineThread()
 
     def compose(self):
         yield Header()
@@ -86,25 +106,53 @@ class ChatApp(App[None]):
         self.query_one(Legend).show(self.colored)
         self._show_status()
         self.query_one(ChatInput).focus()
-        self._start(jobs.load, self._loader, self.post_message)
+        self.run_worker(self._open(), name="load")
 
     def on_unmount(self) -> None:
         if self.session is not None:
-            self.session.stop()
-        self._engine_thread.close()  # waits for the running job, which stops after one step
+            self.session.close()  # the running job stops after its step; the worker ends
 
-    def _start(self, job: Callable, *args) -> None:
-        self.run_worker(self._engine_thread.run(job, *args), name=job.__name__)
+    def _status(self, text: str) -> None:  # called on the worker's thread
+        self.post_message(Progress(text))
 
-    # messages from the jobs ------------------------------------------------------------------
+    # the work, awaited on the UI's event loop -----------------------------------------------------
 
-    def on_loaded(self, message: Loaded) -> None:
-        self.session, self.busy = message.session, None
+    async def _open(self) -> None:
+        try:
+            session = await self._opener(self._status)
+        except (EdgespecError, OSError) as e:
+            self._load_failed(describe(e))
+        else:
+            self._loaded(session)
+
+    async def _generate(self, text: str) -> None:
+        error = None
+        try:
+            async for updates in self.session.areply(text, self._status):
+                self._show(updates)
+        except (EdgespecError, OSError) as e:
+            error = describe(e)
+        self._work_done(error)
+
+    async def _measure(self) -> None:
+        error, rate = None, None
+        try:
+            rate = await self.session.ameasure_plain()
+        except (EdgespecError, OSError) as e:
+            error = describe(e)
+        self._work_done(error, rate)
+
+    # what the work reports ----------------------------------------------------------------------
+
+    def _loaded(self, session: ChatSession) -> None:
+        self.session, self.busy = session, None
         target = self.session.target
         self.query_one(LoadingPanel).remove()
         self.query_one("#conversation").mount(Static(Text(
             f"{target.name}: {target.num_layers} layers, {target.dtype}, context "
             f"{target.context_length} · methods: {', '.join(self.session.methods)}\n"
+            f"sampling: {describe_sampling(vars(self.session.sampling))} "
+            f"({self.session.sampling_origin})\n"
             "Enter sends · Escape stops the answer · Ctrl+P switches method or temperature · "
             "F1 help"), id="welcome"))
         self._show_status()
@@ -112,10 +160,10 @@ class ChatApp(App[None]):
         if pending:  # a message sent while the model was loading goes out now
             self.on_chat_input_send(ChatInput.Send(pending))
 
-    def on_load_failed(self, message: LoadFailed) -> None:
-        self.busy, self.load_error = "failed", message.error
+    def _load_failed(self, error: str) -> None:
+        self.busy, self.load_error = "failed", error
         self.query_one(ChatInput).disabled = True  # so any key reaches on_key and exits
-        self.query_one(LoadingPanel).fail(f"could not load {self.model_label}:\n{message.error}")
+        self.query_one(LoadingPanel).fail(f"could not load {self.model_label}:\n{error}")
         self._show_status()
 
     def on_progress(self, message: Progress) -> None:
@@ -125,8 +173,7 @@ class ChatApp(App[None]):
             self._note = message.text
             self._show_status()
 
-    def on_flush(self, _: Flush | None = None) -> None:
-        updates: list[Update] = self._mailbox.take()
+    def _show(self, updates: list[Update]) -> None:
         if not updates or self._answer is None:
             return
         self._note = None
@@ -143,15 +190,14 @@ class ChatApp(App[None]):
         if conversation.max_scroll_y > 0 and (jump or not conversation.is_anchored):
             conversation.anchor()
 
-    def on_job_done(self, message: JobDone) -> None:
-        self.on_flush()
+    def _work_done(self, error: str | None = None, rate: float | None = None) -> None:
         was, self.busy, self._note = self.busy, None, None
         if was == "generating" and self._answer is not None:
-            self._finish_answer(message.error)
-        elif message.error:
-            self.notify(message.error, severity="error", timeout=8)
+            self._finish_answer(error)
+        elif error:
+            self.notify(error, severity="error", timeout=8)
         elif was == "measuring":
-            self.notify("plain decoding: " + phrase("tokens_per_s", message.rate))
+            self.notify("plain decoding: " + phrase("tokens_per_s", rate))
         if self._new_after_stop:
             self._clear_conversation()
         self._show_status()
@@ -186,7 +232,7 @@ class ChatApp(App[None]):
         conversation.call_after_refresh(self._follow, True)
         self.busy, self._last = "generating", None
         self._show_status()
-        self._start(jobs.generate, self.session, message.text, self._mailbox, self.post_message)
+        self.run_worker(self._generate(message.text), name="generate")
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         on_main = len(self.screen_stack) == 1
@@ -249,12 +295,16 @@ class ChatApp(App[None]):
             return
         self.busy, self._note = "measuring", "measuring plain decoding…"
         self._show_status()
-        self._start(jobs.measure, self.session, self.post_message)
+        self.run_worker(self._measure(), name="measure")
 
     def action_ask_temperature(self) -> None:
         if self.session is not None:
             self.push_screen(TemperatureScreen(self.session.sampling.temperature),
                              self.switch_temperature)
+
+    def action_show_sampling(self) -> None:
+        if self.session is not None:
+            self.notify(f"sampling: {describe_sampling(vars(self.session.sampling))}")
 
     async def action_quit(self) -> None:
         if self.session is not None:
@@ -301,6 +351,9 @@ class ChatApp(App[None]):
                                 "sampling temperature from the next answer",
                                 partial(self.switch_temperature, t))
         yield SystemCommand("Temperature: other…", "type a temperature", self.action_ask_temperature)
+        yield SystemCommand(f"Sampling: {describe_sampling(vars(session.sampling))}",
+                            f"active now; what no flag set comes from {session.sampling_origin}",
+                            self.action_show_sampling)
         yield SystemCommand("Measure plain speed", "a short plain-decoding run, so the status bar "
                             "can show the speedup", self.action_measure)
         yield SystemCommand("Token colours: " + ("hide" if self.colored else "show"),

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import partial
-
 import click
 
 from .. import options
 from ..cli import guarded
-from ..config import ModelConfig
+from ..config import ModelConfig, SamplingConfig
 from ..errors import EdgespecError
-from .session import open_session
+from .session import aopen_session, open_session
 
 
 @click.command("chat")
@@ -29,28 +27,24 @@ from .session import open_session
 @guarded
 def chat(model_ref, system, plain, color, **kw):
     """Chat with MODEL (HF repo id, local dir, .gguf file; default: the demo model), seeing
-    which tokens the target accepted from the drafter, live."""
-    c = options.configs("chat", kw)  # MODEL is an argument here, not an option
-    load = partial(open_session, model_ref, spec=c.spec, sampling=c.sampling,
-                   generation=c.generation, system=system, dtype=c.model.dtype,
-                   method_named="method" in options.given("chat", kw))
+    which tokens the target accepted from the drafter, live.
+
+    Sampling: the flags given, else the model's generation_config.json where it sets any,
+    else the chat's defaults (shown with each flag below); --temp 0 is greedy."""
+    c = options.configs("chat", kw)  # MODEL is an argument here, not an option; checks every value
+    given = options.given("chat", kw)
+    opened = dict(spec=c.spec, generation=c.generation, system=system, dtype=c.model.dtype,
+                  sampling=options.pick(SamplingConfig, given),  # over the model's, the chat's
+                  method_named="method" in given)
     if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
-        import atexit
-
-        import mlx.core as mx
-
         from .plain import run_plain
 
-        # line mode runs MLX on the main thread; MLX 0.32 may abort at process exit unless that
-        # thread's streams are released first (see session.EngineThread). At exit, not earlier:
-        # anything else in this process may still use MLX until then.
-        atexit.register(mx.clear_streams)
         on = color == "always" or (color == "auto" and sys.stdout.isatty()
                                    and not os.environ.get("NO_COLOR"))
-        sys.exit(run_plain(lambda: load(status=_to_stderr), color=on))
+        sys.exit(run_plain(lambda: open_session(model_ref, status=_to_stderr, **opened), color=on))
     from .app import ChatApp
 
-    app = ChatApp(lambda status: load(status=status), model_ref)
+    app = ChatApp(lambda status: aopen_session(model_ref, status=status, **opened), model_ref)
     app.run()
     if app.load_error:
         raise EdgespecError(app.load_error)

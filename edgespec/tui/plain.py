@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..errors import EdgespecError
+from ..generation_defaults import describe
 from ..stats import phrase
 from .render import ansi
 from .session import ChatSession, Update
@@ -152,8 +153,12 @@ def run_plain(load: Callable[[], ChatSession], *, color: bool, stdin: TextIO | N
     """Load the session (progress on stderr) and chat line by line; returns the exit status."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     session = load()
-    interactive = stdin.isatty()
-    if interactive:
-        stderr.write(f"edgespec chat · {session.target.name} · method {session.method} · "
-                     "/help for commands, Ctrl+D to leave\n")
-    return PlainChat(session, stdin, stdout, stderr, color, interactive).run()
+    try:
+        interactive = stdin.isatty()
+        if interactive:
+            stderr.write(f"edgespec chat · {session.target.name} · method {session.method} · "
+                         f"{describe(vars(session.sampling))} · /help for commands, Ctrl+D to "
+                         "leave\n")
+        return PlainChat(session, stdin, stdout, stderr, color, interactive).run()
+    finally:
+        session.close()  # the worker ends and releases its MLX state

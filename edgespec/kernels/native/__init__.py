@@ -1,14 +1,18 @@
 """Loading edgespec's native CPU kernels: the MLX extension built from this folder's C++.
 
-``scripts/setup.sh`` builds it (CMake + nanobind + the system C++ compiler) into ``build/``
-here (git-ignored); ``EDGESPEC_NATIVE_DIR`` points elsewhere. ``load()`` imports it once and
-returns the module, or None with the reason in ``status()``: turned off
-(``EDGESPEC_NATIVE=0``), not built, built from other sources than these (stale: see
+The build backend (scikit-build-core, ``pyproject.toml``) builds it with CMake, nanobind and the
+system C++ compiler. In a checkout it is loaded from ``build/`` here (the editable install of
+``scripts/setup.sh`` builds there, git-ignored); installed from a wheel (``pip install .``),
+from this folder itself; ``EDGESPEC_NATIVE_DIR`` names another folder. Each build leaves the
+digest of the sources it compiled beside the module (``stamp.py``), and a wheel carries this
+folder's sources too, so in both places the module is checked against the sources beside it.
+
+``load()`` imports it once and returns the module, or None with the reason in ``status()``:
+turned off (``EDGESPEC_NATIVE=0``), not built, built from other sources than these (stale: see
 ``is_stale``), failing to import, or failing its self-check (e.g. built against another MLX
-than the one installed).
-Every caller then takes the pure-MLX path; the first failure emits ONE
-:class:`NativeKernelWarning` that names the reason and the fix, and ``edgespec doctor``
-prints the status.
+than the one installed). Every caller then takes the pure-MLX path; the first failure emits ONE
+:class:`NativeKernelWarning` that names the reason and the fix, and ``edgespec doctor`` prints
+the status.
 
 The module's functions: ``small_matmul(x, w)`` (float32 ``x @ w.T``, see
 ``kernels/matmul.py``), ``isa()`` / ``set_isa(name)`` / ``supported_isas()`` (AVX-512, AVX2 or
@@ -32,7 +36,20 @@ from .stamp import SOURCE_SUFFIXES, STAMP_NAME, digest_of
 
 SOURCE_DIR = Path(__file__).resolve().parent
 MODULE_NAME = "_edgespec_native"
-BUILD_HINT = "run scripts/setup.sh (needs cmake, ninja and nanobind in .venv and a C++ compiler)"
+
+
+def in_checkout() -> bool:
+    """Whether this package runs from a source checkout (editable install, or the repo root on
+    sys.path) rather than from an installed wheel."""
+    return (SOURCE_DIR.parents[2] / "scripts" / "setup.sh").is_file()
+
+
+def build_hint() -> str:
+    """How to get the module built, for the place this package runs from."""
+    if in_checkout():
+        return "run scripts/setup.sh (it builds them with the C++ compiler it finds, or $CXX)"
+    return ("reinstall edgespec with a C++ compiler on PATH (or $CXX); "
+            "`pip install -v` shows the build's log")
 
 
 class NativeKernelWarning(RuntimeWarning):
@@ -53,7 +70,12 @@ _state: dict[str, object] = {}  # "module", "status": the outcome of the one loa
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("EDGESPEC_NATIVE_DIR") or SOURCE_DIR / "build")
+    """The folder the module is loaded from: ``EDGESPEC_NATIVE_DIR`` when set; in a checkout,
+    ``build/`` here; installed, this folder."""
+    override = os.environ.get("EDGESPEC_NATIVE_DIR")
+    if override:
+        return Path(override)
+    return SOURCE_DIR / "build" if in_checkout() else SOURCE_DIR
 
 
 def find_module_file(directory: Path) -> Path | None:
@@ -76,18 +98,21 @@ def source_digest() -> str:
     return _digest["digest"]
 
 
-def is_stale(module: Path, sources: Path = SOURCE_DIR) -> bool:
+def is_stale(module: Path, sources: Path = SOURCE_DIR, *, by_time: bool = True) -> bool:
     """Whether ``module`` was built from other sources than ``sources``: the digest its build
     stamped beside it (``stamp.py``, written after the module on every build) differs from
     theirs. A stamp older than the module belongs to another build (one whose CMakeLists did
     not stamp, e.g. an older checkout's), so then, as without a stamp, it goes by time: stale
-    when older than the newest source. (By time alone, a `git checkout` that restored identical
-    sources made the module stale, and every process silently ran the pure-MLX path, ~2.7x
-    slower, until a rebuild: stop 30.) ``EDGESPEC_NATIVE_DIR``'s modules are not checked."""
+    when older than the newest source (only by bytes, not by time, does a `git checkout` that
+    restores identical sources keep the module). ``by_time=False`` (an installed wheel, whose
+    files all get the time of the install) trusts the stamp alone: stale without one.
+    ``EDGESPEC_NATIVE_DIR``'s modules are not checked."""
     stamp = module.parent / STAMP_NAME
-    if stamp.is_file() and stamp.stat().st_mtime_ns >= module.stat().st_mtime_ns:
+    if stamp.is_file() and (not by_time or stamp.stat().st_mtime_ns >= module.stat().st_mtime_ns):
         current = source_digest() if sources == SOURCE_DIR else digest_of(sources)
         return stamp.read_text().strip() != current
+    if not by_time:
+        return True
     return module.stat().st_mtime < _newest_source_mtime(sources)
 
 
@@ -111,10 +136,11 @@ def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
     path = find_module_file(directory)
     if path is None:
         return None, NativeStatus(False, f"not built (no {MODULE_NAME} module in {directory}); "
-                                         f"{BUILD_HINT}")
-    if directory == SOURCE_DIR / "build" and is_stale(path):
+                                         f"{build_hint()}")
+    if directory in (SOURCE_DIR / "build", SOURCE_DIR) and is_stale(
+            path, by_time=directory != SOURCE_DIR):
         return None, NativeStatus(False, f"stale (built from other sources than those in "
-                                         f"{SOURCE_DIR}); {BUILD_HINT}", str(path))
+                                         f"{SOURCE_DIR}); {build_hint()}", str(path))
     try:
         spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
         mod = importlib.util.module_from_spec(spec)
@@ -125,7 +151,7 @@ def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
         _self_check(mod)
     except Exception as e:  # noqa: BLE001  (any failure means: use the pure-MLX path)
         return None, NativeStatus(False, f"failed to load {path.name}: {type(e).__name__}: {e}; "
-                                         f"{BUILD_HINT}", str(path))
+                                         f"{build_hint()}", str(path))
     return mod, NativeStatus(True, f"{mod.isa()}, {mod.threads()} threads", str(path))
 
 

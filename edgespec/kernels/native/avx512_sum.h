@@ -10,8 +10,8 @@ namespace {
 
 // out[0..3] = the sums of a, b, c, d, each added in _mm512_reduce_add_ps's order (lanes l and
 // l+8, then l and l+4, l and l+2, the last two), so an output's bits are those of a sum on its
-// own; four vectors share each shuffle and add (stop 23: a 16-row product of the demo's gate|up
-// from cold weights, one core: 765 -> 677 us).
+// own; four vectors share each shuffle and add (faster than four sums apart: docs/measurements.md,
+// "the kernels' remaining slack").
 inline void sum4_512(__m512 a, __m512 b, __m512 c, __m512 d, float* out) {
   // [a's 8 | b's 8]: l + l+8
   const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));

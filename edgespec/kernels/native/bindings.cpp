@@ -21,7 +21,7 @@ NB_MODULE(_edgespec_native, m) {
   m.def("quantized_small_matmul", &edgespec_native::quantized_small_matmul_op, "x"_a, "wq"_a,
         "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "q8"_a = false,
         "x @ dequantize(wq, scales, biases).T in MLX's affine layout (4 or 8 bits); q8: x "
-        "quantized to int8 per 32 values first (4 bits, AVX-512 VNNI).");
+        "quantized to int8 per 32 values first (4 or 8 bits; AVX-512 VNNI or AVX2).");
   m.def("has_q8_activations", &edgespec_native::has_q8_activations,
         "Whether quantized_small_matmul(..., q8=True) runs here.");
   m.def("tree_attention", &edgespec_native::tree_attention_op, "q"_a, "k"_a, "v"_a, "anc"_a,

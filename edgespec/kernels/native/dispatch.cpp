@@ -139,7 +139,7 @@ double fma_peak(int rounds, bool all_threads) {
   const std::string name = isa();
   PeakJob job;
   job.lanes = name == "avx512" ? 16 : name == "avx2" ? 8 : 1;
-  job.iters = 200000;  // 2.4 M vector FMAs a chunk: about 1-2 ms on the dev VM
+  job.iters = 200000;  // 2.4 M vector FMAs a chunk
   const int64_t chunks = 8 * (all_threads ? threads() : 1);
   double best = 0.0;
   for (int r = 0; r < rounds; ++r) {

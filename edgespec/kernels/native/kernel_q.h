@@ -37,16 +37,23 @@ void qdequantize_avx512(int bits, const uint8_t* wq, int64_t ldq, const float* s
 void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
                       int64_t ldg, int64_t K, int64_t gs, int64_t n0, int64_t n1, float* out,
                       int64_t ldo);
-// The opt-in int8-activation form (AVX-512 VNNI; kernel_q8_avx512.cpp), x quantized per
-// 32-value block to int8 q with scale d. 4 bits: xe / xo (M rows of Kp/2 int8, row stride
-// ldxq; Kp = K rounded up to 128, zeros past K) hold q at even / odd positions; dl (M, ldd >=
-// Kp/8): each block's d once per 8 values (4 times). 8 bits: xe holds q in order (Kp = K
-// rounded up to 64), xo is unused, dl has d once per 4 values (8 times). Both: xs (M, ldxs >=
-// K/gs) the per-group sums of d * q.
-void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
-                       int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq,
-                       int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
-                       int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1);
+// The int8-activation forms (kernel_q8_avx512.cpp: AVX-512 VNNI; kernel_q8_avx2.cpp: AVX2, the
+// same bits). x comes quantized per 32-value block b to int8 q with scale d (x ~ d * q), laid
+// out per row (xr: row stride ldr bytes; xd, xs: row stride ldf floats) and step of 128
+// values (4 blocks; K rounded up to 128, zeros past K): xr holds 8 rounds of 16 bytes, round
+// e's dword b 4 values of block b: for 4 bits the even values 8e..8e+6 of the block (e < 4)
+// or the odd ones 8(e-4)+1..8(e-4)+7, for 8 bits the values 4e..4e+3; xd 4 floats, d of each
+// block; xs 4 floats, d * sum(q) of each block. An output is the sum over steps, in order, of
+// int_dot * (scale * d) + bias * xs per block (one FMA each), kept per block, then
+// (b0 + b2) + (b1 + b3).
+void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
+                       int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
+                       const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
+                       int64_t gs, int64_t n0, int64_t n1);
+void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
+                 int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                 int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
+                 int64_t n1);
 #endif
 
 }  // namespace edgespec_native

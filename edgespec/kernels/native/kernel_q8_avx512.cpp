@@ -1,13 +1,19 @@
-// The opt-in int8-activation form of kernel_q.h's product (EDGESPEC_Q8_ACTIVATIONS=1),
-// compiled with -mavx512f -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA
-// files include nothing else). x comes quantized per 32-value block (quantized_matmul.cpp's
-// quantize_x8): int8 q with a float scale d, x ~ d * q. 4 bits, per 128 values (4 blocks, 64
-// packed bytes) and weight row: one mask and one shift + mask give the values as bytes (low
-// nibbles: even values, high: odd), and two vpdpbusd (u8 x s8 -> int32, exact) against the
-// even / odd int8 values of x give 16 int32 lanes, 4 per block. 8 bits, per 64 values: the
-// bytes go straight into one vpdpbusd, 8 lanes per block. Each lane is then scaled by its
-// group's scale times its block's d. The bias part, sum_g bias_g * sum_(k in g) d q_k, is
-// a short float dot over the groups at the end. Each output's order is fixed whatever M is.
+// The int8-activation form of kernel_q.h's product on AVX-512 VNNI, compiled with -mavx512f
+// -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA files include nothing else).
+// x comes quantized per 32-value block in kernel_q.h's round layout (quantized_matmul.cpp's
+// quantize_x8).
+//
+// Per step of 128 values (4 blocks) and 4 columns, the packed bytes of the 4 columns are
+// rearranged in registers (a dword permutation per column, then a 4 x 4 transpose of 128-bit
+// lanes) into 8 round vectors whose lane (column j, block b) holds 4 bytes of column j's block
+// b; 4 bits: then masked (low nibbles, the even values) or shifted and masked (high nibbles,
+// the odd values). Per row, 8 vpdpbusd (u8 x s8 -> int32, exact) against the row's rounds
+// (16 bytes each, broadcast to the 4 columns) give every (column, block) lane its exact
+// integer dot, then one convert, one multiply of the group scales by the blocks' d, and two
+// FMAs (the scale part, and bias x d * sum(q)) add it to the row's 16 float lanes. The weights
+// are unpacked once per step for up to 8 rows, and every row runs the same instructions on
+// its own lanes, so a row's bits do not depend on the others. At the end each column's 4
+// block lanes are summed as (b0 + b2) + (b1 + b3).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -15,98 +21,161 @@
 namespace edgespec_native {
 namespace {
 
-template <int BITS, int MB, int NB>
-inline void q8block(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
-                    int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq, int64_t ldq,
-                    const float* s, const float* b, int64_t ldg, float* y, int64_t ldy,
-                    int64_t K, int64_t gs) {
-  constexpr int64_t kStep = BITS == 4 ? 128 : 64;  // values a step: 64 packed bytes
-  constexpr int kLaneVals = BITS == 4 ? 8 : 4;      // values of x a lane's dot covers
-  // lane l's group in a step, relative to the step's first group
-  const int shift = (gs == 32 ? 5 : gs == 64 ? 6 : 7) - (BITS == 4 ? 3 : 2);
-  const __m512i idx = _mm512_srli_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), shift);
-  const __m512i m4 = _mm512_set1_epi8(15);
-  const int64_t G = K / gs, gpc = (kStep + gs - 1) / gs;
-  __m512 acc[MB][NB];
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += kStep) {
-    const int64_t nbytes = K - k >= kStep ? 64 : (K - k) * BITS / 8, g0 = k / gs;
-    const __mmask64 wmask = nbytes == 64 ? ~__mmask64(0) : (__mmask64(1) << nbytes) - 1;
-    const __mmask16 gmask = __mmask16((1u << (G - g0 < gpc ? G - g0 : gpc)) - 1u);
-    for (int j = 0; j < NB; ++j) {
-      const __m512i v = _mm512_maskz_loadu_epi8(wmask, wq + j * ldq + k * BITS / 8);
-      const __m512 sv = _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(gmask, s + j * ldg + g0));
-      __m512i lo = v, hi = v;
-      if constexpr (BITS == 4) {
-        lo = _mm512_and_si512(v, m4);
-        hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      }
-      for (int i = 0; i < MB; ++i) {
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                          _mm512_loadu_si512(xe + i * ldxq + k * BITS / 8));
-        if constexpr (BITS == 4)
-          dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(xo + i * ldxq + k / 2));
-        const __m512 sd = _mm512_mul_ps(sv, _mm512_loadu_ps(dl + i * ldd + k / kLaneVals));
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sd, acc[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) {
-      __m512 bacc = _mm512_setzero_ps();
-      for (int64_t g = 0; g < G; g += 16) {
-        const __mmask16 m = __mmask16(G - g >= 16 ? 0xffffu : (1u << (G - g)) - 1u);
-        bacc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, b + j * ldg + g),
-                               _mm512_maskz_loadu_ps(m, xs + i * ldxs + g), bacc);
-      }
-      y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]) + _mm512_reduce_add_ps(bacc);
-    }
+// Rows of x a weight step is unpacked for (16 was tried and was not faster).
+constexpr int kMaxRows = 8;
+
+inline __mmask64 byte_mask(int64_t n) {
+  return n >= 64 ? ~__mmask64(0) : n <= 0 ? __mmask64(0) : (__mmask64(1) << n) - 1;
 }
 
-template <int BITS, int NB>
-inline void q8columns(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl,
-                      int64_t ldd, const float* xs, int64_t ldxs, const uint8_t* wq, int64_t ldq,
-                      const float* s, const float* b, int64_t ldg, float* y, int64_t ldy,
-                      int64_t M, int64_t K, int64_t gs) {
-#define Q8ROWS(MB, m)                                                                 \
-  q8block<BITS, MB, NB>(xe + (m) * ldxq, xo + (m) * ldxq, ldxq, dl + (m) * ldd, ldd,   \
-                        xs + (m) * ldxs, ldxs, wq, ldq, s, b, ldg, y + (m) * ldy, ldy, K, gs)
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) Q8ROWS(4, m);
-  switch (M - m) {
-    case 3: Q8ROWS(3, m); break;
-    case 2: Q8ROWS(2, m); break;
-    case 1: Q8ROWS(1, m); break;
-    default: break;
-  }
-#undef Q8ROWS
+// c0..c3 (one column each, 128-bit lane e = that column's round e) into t[e], lane j = cj's lane e.
+inline void lanes_transpose(const __m512i c[4], __m512i* t) {
+  const __m512i u0 = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i u1 = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512i u2 = _mm512_shuffle_i32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i u3 = _mm512_shuffle_i32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2));
+  t[0] = _mm512_shuffle_i32x4(u0, u2, _MM_SHUFFLE(2, 0, 2, 0));
+  t[1] = _mm512_shuffle_i32x4(u0, u2, _MM_SHUFFLE(3, 1, 3, 1));
+  t[2] = _mm512_shuffle_i32x4(u1, u3, _MM_SHUFFLE(2, 0, 2, 0));
+  t[3] = _mm512_shuffle_i32x4(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
+// The 8 round vectors of one step (values k.. k+127) of 4 columns at w (row stride ldq): lane
+// (j, b) = 4 bytes of column j's block b (kernel_q.h's rounds).
 template <int BITS>
-void q8rows(const int8_t* xe, const int8_t* xo, int64_t ldxq, const float* dl, int64_t ldd,
-            const float* xs, int64_t ldxs, const uint8_t* wq, int64_t ldq, const float* s,
-            const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
-            int64_t n0, int64_t n1) {
+inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m512i r[8]) {
+  const int64_t rem = K - k;  // values left, a multiple of 32
+  __m512i c[4];
+  if constexpr (BITS == 4) {
+    // dword 4b + e of a column's 64 bytes to dword 4e + b
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __mmask64 m = byte_mask(rem / 2);
+    for (int j = 0; j < 4; ++j)
+      c[j] = _mm512_permutexvar_epi32(idx, _mm512_maskz_loadu_epi8(m, w + j * ldq + k / 2));
+    __m512i t[4];
+    lanes_transpose(c, t);
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int e = 0; e < 4; ++e) {
+      r[e] = _mm512_and_si512(t[e], m4);
+      r[4 + e] = _mm512_and_si512(_mm512_srli_epi16(t[e], 4), m4);
+    }
+  } else {
+    // dword 8b + e of a column's 128 bytes (two vectors, blocks 0-1 and 2-3) to dword 4e + b
+    const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
+    const __mmask64 ma = byte_mask(rem), mb = byte_mask(rem - 64);
+    __m512i a[4], b[4];
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm512_maskz_loadu_epi8(ma, w + j * ldq + k);
+      b[j] = _mm512_maskz_loadu_epi8(mb, w + j * ldq + k + 64);
+    }
+    for (int j = 0; j < 4; ++j) c[j] = _mm512_permutex2var_epi32(a[j], lo, b[j]);
+    lanes_transpose(c, r);
+    for (int j = 0; j < 4; ++j) c[j] = _mm512_permutex2var_epi32(a[j], hi, b[j]);
+    lanes_transpose(c, r + 4);
+  }
+}
+
+// Lane (j, b) = v[j * ldg + group of block b] for the step at k (0 past K): the 4 columns'
+// scales or biases of the step's groups.
+inline __m512 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+  const int64_t g0 = k / gs, gpc = 128 / gs, left = (K - k + gs - 1) / gs;
+  const unsigned n = unsigned(left < gpc ? left : gpc), bits = (1u << n) - 1u;
+  __m512 out = _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j)  // lanes 4j .. 4j + n - 1 from v[j * ldg + g0 ..]
+    out = _mm512_mask_loadu_ps(out, __mmask16(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
+  if (gs == 32) return out;
+  const int sh = gs == 64 ? 1 : 2;  // block b's group in the step: b >> sh
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i j4 = _mm512_andnot_si512(_mm512_set1_epi32(3), lane);
+  const __m512i b = _mm512_and_si512(lane, _mm512_set1_epi32(3));
+  return _mm512_permutexvar_ps(_mm512_or_si512(j4, _mm512_srli_epi32(b, sh)), out);
+}
+
+inline __m512i bcast16(const int8_t* p) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+
+template <int BITS, int MB>
+inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+                    const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc) {
+  __m512 acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+    __m512i r[8];
+    rounds<BITS>(wq, ldq, k, K, r);
+    const __m512 sv = per_lane(s, ldg, k, K, gs), bv = per_lane(b, ldg, k, K, gs);
+    for (int i = 0; i < MB; ++i) {
+      const int8_t* x = xr + i * ldr + st * 128;
+      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], bcast16(x));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4], bcast16(x + 64));
+      for (int e = 1; e < 4; ++e) {
+        d0 = _mm512_dpbusd_epi32(d0, r[e], bcast16(x + 16 * e));
+        d1 = _mm512_dpbusd_epi32(d1, r[4 + e], bcast16(x + 64 + 16 * e));
+      }
+      const int64_t f = i * ldf + st * 4;
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
+                               _mm512_mul_ps(sv, bcast4(xd + f)), acc[i]);
+      acc[i] = _mm512_fmadd_ps(bv, bcast4(xs + f), acc[i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {  // per column: (b0 + b2) + (b1 + b3)
+    const __m512 t = _mm512_add_ps(acc[i], _mm512_permute_ps(acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    alignas(64) float out[16];
+    _mm512_store_ps(out, u);
+    for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[4 * j];
+  }
+}
+
+// Rows 0..M-1 of x against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
+// lane), in blocks of kMaxRows rows and one of the rest; nc columns of y written.
+template <int BITS>
+void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+               const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
+               float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
+  using Fn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*,
+                      int64_t, const float*, const float*, int64_t, float*, int64_t, int64_t,
+                      int64_t, int);
+  static constexpr Fn table[] = {
+      q8block<BITS, 1>,  q8block<BITS, 2>,  q8block<BITS, 3>,  q8block<BITS, 4>,
+      q8block<BITS, 5>,  q8block<BITS, 6>,  q8block<BITS, 7>,  q8block<BITS, 8>,
+  };
+  static_assert(sizeof(table) / sizeof(table[0]) == kMaxRows);
+  for (int64_t m = 0; m < M; m += kMaxRows) {
+    const int64_t mb = M - m < kMaxRows ? M - m : kMaxRows;
+    table[mb - 1](xr + m * ldr, ldr, xd + m * ldf, xs + m * ldf, ldf, w, ldq, s, b, ldg,
+                  y + m * ldy, ldy, K, gs, nc);
+  }
+}
+
+// Columns n0..n1-1 in blocks of 4; the last n1 - n0 mod 4 one at a time, each in all 4 lanes
+// (a lane's bits do not depend on what the others hold).
+template <int BITS>
+void q8rows(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+            const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+            float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4)
-    q8columns<BITS, 4>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg,
-                       b + n * ldg, ldg, y + n, ldy, M, K, gs);
+    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, ldq, s + n * ldg, b + n * ldg, ldg,
+                    y + n, ldy, M, K, gs, 4);
   for (; n < n1; ++n)
-    q8columns<BITS, 1>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq + n * ldq, ldq, s + n * ldg,
-                       b + n * ldg, ldg, y + n, ldy, M, K, gs);
+    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, 0, s + n * ldg, b + n * ldg, 0, y + n,
+                    ldy, M, K, gs, 1);
 }
 
 }  // namespace
 
-void q8rows_avx512vnni(int bits, const int8_t* xe, const int8_t* xo, int64_t ldxq,
-                       const float* dl, int64_t ldd, const float* xs, int64_t ldxs,
-                       const uint8_t* wq, int64_t ldq, const float* s, const float* b,
-                       int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
+                       int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
+                       const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
+                       int64_t gs, int64_t n0, int64_t n1) {
   if (bits == 8)
-    return q8rows<8>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
-  q8rows<4>(xe, xo, ldxq, dl, ldd, xs, ldxs, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+    return q8rows<8>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+  q8rows<4>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
 }  // namespace edgespec_native

@@ -5,8 +5,8 @@
 // 4 bits: 16 packed bytes (32 values) give their low nibbles (the even values; a mask) and then
 // their high nibbles (the odd values; a shift and a mask), 8 at a time widened, converted and
 // fma(q, scale, bias)'d: x comes de-interleaved (kernel_q.h). Dequantized into the fused
-// products in one go per column (Deq<4>::whole: 4 weight vectors live; measured faster at 1-8
-// rows than the two parts of `step`, which the buffered and float-kernel paths use).
+// products in one go per column (Deq<4>::whole: 4 weight vectors live; chosen over the two
+// parts of `step`, which the buffered and float-kernel paths use, at 1-8 rows).
 // 8 bits: widen, convert, fma(q, scale, bias) per 8 values.
 #include <immintrin.h>
 

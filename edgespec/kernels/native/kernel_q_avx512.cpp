@@ -57,7 +57,7 @@ struct Deq<8> {
 #define VSUM(v) _mm512_reduce_add_ps(v)
 #define VSUM4(a, b, c, d, out) sum4_512((a), (b), (c), (d), (out))
 #define NB1_MAX 4
-#define QAHEAD1 8  // as its other blocks: not measured otherwise (no AVX-512 here since stop 25)
+#define QAHEAD1 8  // as its other blocks (not chosen by a measurement of its own on AVX-512)
 #define NB_MAX 4
 #define PARTS 1
 #define QROWS_FN qrows_avx512_impl

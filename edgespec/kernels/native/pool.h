@@ -8,8 +8,7 @@
 // up, only for chunks already claimed), and each thread otherwise walks through memory in
 // order: the kernels' prefetch of the rows after a chunk reads the next chunk it will run
 // (claiming chunks from one shared word instead, the threads alternated, and every chunk began
-// on cold weights; stop 23, built together with store_sums.inc: the demo model's 8- and
-// 16-token forwards 25.7 -> 22.2 and 37.2 -> 33.5 ms, medians of 6 alternations). Helpers poll
+// on cold weights; docs/measurements.md, "the kernels' remaining slack"). Helpers poll
 // briefly after a job (the next product of a forward comes within microseconds), then sleep on
 // a condition variable, so an idle process costs no CPU.
 #pragma once

@@ -20,15 +20,27 @@
 
 namespace edgespec_native {
 
-bool has_q8_activations() {
+namespace {
+
+// 2: the AVX-512 VNNI form runs; 1: the AVX2 one; 0: none (see q8_form).
+int q8_form_for(const std::string& name) {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  return isa() == "avx512" && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
+  if (name == "avx512" && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return 2;
+  return name == "avx512" || name == "avx2" ? 1 : 0;
 #else
-  return false;
+  (void)name;
+  return 0;
 #endif
 }
+
+int q8_form() { return q8_form_for(isa()); }
+
+}  // namespace
+
+bool has_q8_activations() { return q8_form() != 0; }
 
 void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                    const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
@@ -80,10 +92,10 @@ namespace {
 struct QJob {
   int isa;  // 2: AVX-512, 1: AVX2, 0: generic
   int bits;
-  bool q8;  // x quantized to int8 (kernel_q8_avx512.cpp): xe, xo, dl, xs below
-  const int8_t *xe, *xo;
-  const float *dl, *xs;
-  int64_t ldxq, ldd, ldxs;
+  bool q8;  // x quantized to int8 (kernel_q.h's round layout): xr, xd, xs below
+  const int8_t* xr;
+  const float *xd, *xs;
+  int64_t ldr, ldf;
   const float* x;
   int64_t ldx;
   const uint8_t* wq;
@@ -102,8 +114,9 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
   if (j.q8)
-    return q8rows_avx512vnni(j.bits, j.xe, j.xo, j.ldxq, j.dl, j.ldd, j.xs, j.ldxs, j.wq, j.ldq,
-                             j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0, n1);
+    return (q8_form() == 2 ? q8rows_avx512vnni : q8rows_avx2)(
+        j.bits, j.xr, j.ldr, j.xd, j.xs, j.ldf, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
+        j.gs, n0, n1);
   if (j.gemm) {
     // The chunk's float weights (~128 KB) stay in L2 while the float kernel runs every block
     // of kSlab rows of x against them.
@@ -145,25 +158,22 @@ void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K
       }
 }
 
-// x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's layout for
-// q8rows_avx512vnni: d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as
-// qmatmul.py's twin does it.
+// x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's round layout:
+// d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does it.
 struct X8 {
-  std::vector<int8_t> xe, xo;
-  std::vector<float> dl, xs;
-  int64_t ldxq, ldd;
+  std::vector<int8_t> xr;
+  std::vector<float> xd, xs;
+  int64_t ldr, ldf;
 };
 
-X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, int bits) {
+X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits) {
   X8 r;
-  const int64_t step = bits == 4 ? 128 : 64, lane_vals = bits == 4 ? 8 : 4;
-  const int64_t kp = (K + step - 1) / step * step;
-  r.ldxq = bits == 4 ? kp / 2 : kp;
-  r.ldd = kp / lane_vals;
-  r.xe.assign(M * r.ldxq, 0);
-  if (bits == 4) r.xo.assign(M * r.ldxq, 0);
-  r.dl.assign(M * r.ldd, 0.0f);
-  r.xs.assign(M * (K / gs), 0.0f);
+  const int64_t steps = (K + 127) / 128;
+  r.ldr = steps * 128;
+  r.ldf = steps * 4;
+  r.xr.assign(M * r.ldr, 0);
+  r.xd.assign(M * r.ldf, 0.0f);
+  r.xs.assign(M * r.ldf, 0.0f);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
       const float* xb = x + m * ldx + k0;
@@ -175,25 +185,30 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t gs, in
       }
       // A NaN or infinity makes the block's scale NaN, so it reaches the outputs as NaN.
       const float d = finite ? amax / 127.0f : std::nanf("");
+      const int64_t st = k0 / 128, blk = (k0 % 128) / 32;
+      int8_t* step = r.xr.data() + m * r.ldr + st * 128;
       int sum = 0;
       for (int t = 0; t < 32; ++t) {
-        const int q = finite && d > 0.0f ? static_cast<int>(std::nearbyint(xb[t] / d)) : 0;
+        // round half to even: adding and taking away 1.5 * 2^23 leaves |v| <= 127 rounded as
+        // nearbyint does in the default rounding mode, and vectorizes
+        const float v = finite && d > 0.0f ? xb[t] / d : 0.0f;
+        const int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
         sum += q;
-        if (bits == 8)
-          r.xe[m * r.ldxq + k0 + t] = static_cast<int8_t>(q);
-        else
-          (t % 2 ? r.xo : r.xe)[m * r.ldxq + (k0 + t) / 2] = static_cast<int8_t>(q);
+        // value t's round and byte: 8 bits in order; 4 bits the even values, then the odd
+        const int e = bits == 8 ? t / 4 : (t % 2) * 4 + (t / 2) / 4;
+        const int byte = bits == 8 ? t % 4 : (t / 2) % 4;
+        step[e * 16 + 4 * blk + byte] = static_cast<int8_t>(q);
       }
-      for (int64_t l = 0; l < 32 / lane_vals; ++l) r.dl[m * r.ldd + k0 / lane_vals + l] = d;
-      r.xs[m * (K / gs) + k0 / gs] += d * static_cast<float>(sum);
+      r.xd[m * r.ldf + st * 4 + blk] = d;
+      r.xs[m * r.ldf + st * 4 + blk] = d * static_cast<float>(sum);
     }
   return r;
 }
 
 // A weight as it is where it is already evaluated and row-contiguous, else mx::contiguous of
 // it. mx::contiguous copies a row-contiguous view too when its buffer is much larger than the
-// view, which every weight placed in targets/weight_arena's shared buffers is: a 70-token
-// prefill of the 8-bit demo model copied all its packed weights (~0.4 ms per gate|up).
+// view, which every weight placed in targets/weight_arena's shared buffers is (a prefill
+// would copy every packed weight it reads).
 mx::array as_rows(const mx::array& a, mx::Stream s) {
   return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
 }
@@ -204,19 +219,18 @@ void check(bool ok, const std::string& what) {
 
 void run_qjob(QJob job) {
   if (job.M == 0 || job.N == 0) return;
+  job.q8 = job.q8 && q8_form() != 0;  // the op and the block ask has_q8_activations() first
   job.gemm = !job.q8 && job.isa != 0 && job.M >= dequantized_gemm_rows();
   job.buffered = !job.q8 && !job.gemm && job.isa != 0 && job.M > 4 && buffered_dequantization();
   std::vector<float> xp;
   X8 x8;
   if (job.q8) {
-    x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.gs, job.bits);
-    job.xe = x8.xe.data();
-    job.xo = x8.xo.data();
-    job.dl = x8.dl.data();
+    x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.bits);
+    job.xr = x8.xr.data();
+    job.xd = x8.xd.data();
     job.xs = x8.xs.data();
-    job.ldxq = x8.ldxq;
-    job.ldd = x8.ldd;
-    job.ldxs = job.K / job.gs;
+    job.ldr = x8.ldr;
+    job.ldf = x8.ldf;
   } else if (job.bits == 4 && job.isa != 0) {
     float* at = aligned_room(xp, job.M * job.K);  // rows on cache lines: no load splits one
     deinterleave32(job.x, job.ldx, at, job.M, job.K);
@@ -246,7 +260,7 @@ void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, con
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
                             int64_t K, int group_size, int bits, bool q8) {
   QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr, nullptr,
-           nullptr, 0, 0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
+           0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
            K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
   run_qjob(job);
 }
@@ -256,7 +270,7 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     int group_size, int bits, bool q8) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
   check(!q8 || has_q8_activations(),
-        "int8 activations need AVX-512 VNNI code (has_q8_activations())");
+        "int8 activations need AVX2 or AVX-512 code (has_q8_activations())");
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128");
   check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
@@ -293,7 +307,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
   QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr, nullptr,
-           nullptr, 0, 0, 0, x.data<float>(), int64_t(x.shape(1)),
+           0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),

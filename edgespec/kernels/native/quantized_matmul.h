@@ -1,7 +1,7 @@
 // The MLX op and primitive for kernel_q.h: quantized_small_matmul(x, wq, scales, biases,
 // group_size, bits) = x @ dequantize(...).T for float32 x (..., K) and MLX's affine layout
 // (bits 4 or 8, group_size 32, 64 or 128, float32 scales and biases). CPU only, like
-// small_matmul.h. Runs the AVX-512 code on CPUs that have it, else plain C++.
+// small_matmul.h. Runs the AVX-512 or AVX2 code on CPUs that have it, else plain C++.
 #pragma once
 
 #include "mlx/array.h"
@@ -23,8 +23,9 @@ void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, con
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
                             int64_t K, int group_size, int bits, bool q8);
 
-// Whether q8 = true (x quantized to int8 per 32-value block, 4-bit weights) can run: the
-// AVX-512 code is in use and the CPU has AVX-512 BW and VNNI.
+// Whether q8 = true (x quantized to int8 per 32-value block, kernel_q.h's int8 forms) can run:
+// the AVX-512 or AVX2 code is in use (AVX-512 with BW and VNNI runs the VNNI form, else the
+// AVX2 one; the same bits).
 bool has_q8_activations();
 
 // Whether products of more than 4 rows dequantize each block of packed rows once for all rows
@@ -35,10 +36,10 @@ void set_buffered_dequantization(bool on);
 
 // The fewest rows of x for which each thread dequantizes its chunk of packed rows into a float
 // buffer once and runs the float kernel (kernel.h) on it, every 4-row block reading the float
-// weights from L2: 9 rows where the weights are otherwise dequantized per 4-row block (the
-// AMD EPYC VM: a forward's 8-bit products at 9 rows 0.78x the time, 64 rows 0.60x, while 8
-// rows were even), 33 where they are buffered (Intel, not measured at fewer rows). The same
-// bits either way: the float kernel takes each dequantized weight in qblock's order.
+// weights from L2: 9 rows where the weights are otherwise dequantized per 4-row block, 33
+// where they are buffered (docs/measurements.md, "Quantized products of 9 or more rows through
+// the float kernel"). The same bits either way: the float kernel takes each dequantized weight
+// in qblock's order.
 int64_t dequantized_gemm_rows();
 
 class QuantizedSmallMatmul : public mx::UnaryPrimitive {

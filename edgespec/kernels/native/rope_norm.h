@@ -1,6 +1,6 @@
 // The MLX ops and primitives around a decoder block's products, where MLX's CPU backend runs
 // many small operations (its fast.rms_norm and fast.rope fall back to compositions of
-// elementwise ops there, 60-170 us for a few hundred floats on the dev VM):
+// elementwise ops there, each launched on its own):
 //
 //   rms_norm(x, w, eps): x * rsqrt(mean(x^2) + eps) * w over the last axis;
 //   qkv_rope(y, pos, inv_freq, heads, kv_heads, head_dim, dims, traditional, mscale, scale):

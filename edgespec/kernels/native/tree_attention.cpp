@@ -84,9 +84,8 @@ void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
   const AttnFn fn = attn_fn();
   const int64_t items = args.H * args.N;
   const int64_t rows = tiled(fn, args) ? kScratchRows : 1;  // scratch rows a chunk needs
-  // Waking a sleeping helper costs more than a small job; one still polling does not (inside
-  // the block, a decode step's 9 heads over 129 keys: 24 -> 19 us a layer on the Xeon VM, two
-  // runs each, stop 27).
+  // Waking a sleeping helper costs more than a small job; one still polling does not (measured
+  // on a decode step's attention inside the block: docs/measurements.md).
   if (items * args.S * args.D < (helpers_awake ? kAwakeMinWork : kThreadedMinWork)) {
     std::vector<float> scratch(static_cast<size_t>(rows * args.S));
     fn(args, scratch.data(), 0, items);
@@ -95,11 +94,10 @@ void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
   // A chunk is up to kItemsPerChunk items, no more than a kv head's (rep * N), and small enough
   // that there are two chunks a thread, so that a decode step's chunks are its kv heads' tiles:
   // the demo model's 9 heads over 3 kv heads go as 3 chunks of 3, which split 2 / 1 over 2
-  // threads but read each key and value row once per kv head instead of once per head (stop
-  // 23: 30 layers' decode attention after 1,500 tokens 7.2 / 6.0 / 5.8 -> 4.3 / 3.7 / 3.7 ms in
-  // three alternations; before the tiles, one item a chunk split 5 / 4 and beat chunks of 3:
-  // 208 -> 143 us for 9 heads over 2,000 keys). Without tiles (the generic code, a window, a
-  // softcap), one item a chunk.
+  // threads but read each key and value row once per kv head instead of once per head (faster
+  // on long contexts; before the tiles, one item a chunk was: docs/measurements.md, the
+  // attention kernel's query tiles). Without tiles (the generic code, a window, a softcap),
+  // one item a chunk.
   const int64_t per_head = args.N * (args.H / args.Hkv);
   const int64_t two_a_thread = (items + 2 * Pool::get().threads() - 1) / (2 * Pool::get().threads());
   int64_t per_chunk = kItemsPerChunk < per_head ? kItemsPerChunk : per_head;

@@ -1,0 +1,176 @@
+// The int8-activation form of kernel_q.h's product on AVX2, compiled with -mavx2 -mfma only
+// (see kernel.h for why the ISA files include nothing else): kernel_q8_avx512.cpp's scheme on
+// 256-bit vectors, the 4 columns as two pairs, one after the other, with 8-lane accumulators
+// (lane (column, block)), so every lane takes the same float operations in the same order as there:
+// the same bits as the AVX-512 VNNI form. The rounds come from 16-byte loads of each block of
+// the pair's columns and a 4 x 4 dword transpose per 128-bit lane.
+//
+// Integer dots without VNNI: vpmaddubsw (u8 x s8, pairs summed into saturating int16) then
+// vpmaddwd against ones. 4 bits: every weight is <= 15 and |q| <= 127, so a pair is at most
+// 3810 and the 8 rounds of a step sum to at most 30480 in int16 before one vpmaddwd: exact.
+// 8 bits: the bytes split into low and high nibbles, each summed like 4 bits, then
+// low + 16 * high in int32: exact.
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace edgespec_native {
+namespace {
+
+constexpr int kMaxRows = 4;  // rows of x a weight step is unpacked for
+
+// 16 bytes at p into lane 0 and 16 at q into lane 1 (zeros for a null pointer).
+inline __m256i load2(const uint8_t* p, const uint8_t* q) {
+  const __m128i a = p ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_setzero_si128();
+  const __m128i b = q ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)) : _mm_setzero_si128();
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+}
+
+// z[b] (lanes: the pair's two columns, dword e) transposed per 128-bit lane: t[e] lane j =
+// [z[0..3] lane j dword e].
+inline void transpose4(const __m256i z[4], __m256i* t) {
+  const __m256i p0 = _mm256_unpacklo_epi32(z[0], z[1]), p1 = _mm256_unpackhi_epi32(z[0], z[1]);
+  const __m256i p2 = _mm256_unpacklo_epi32(z[2], z[3]), p3 = _mm256_unpackhi_epi32(z[2], z[3]);
+  t[0] = _mm256_unpacklo_epi64(p0, p2);
+  t[1] = _mm256_unpackhi_epi64(p0, p2);
+  t[2] = _mm256_unpacklo_epi64(p1, p3);
+  t[3] = _mm256_unpackhi_epi64(p1, p3);
+}
+
+// The 8 round vectors of one step (values k.. k+127) of the column pair at w (row stride ldq),
+// lane (j, b) as on AVX-512; 8 bits: lo / hi the low and high nibbles (4 bits: lo only).
+template <int BITS>
+inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m256i lo[8],
+                   __m256i hi[8]) {
+  const int64_t nb = (K - k) / 32 < 4 ? (K - k) / 32 : 4;  // blocks of the step before K
+  const __m256i m4 = _mm256_set1_epi8(15);
+  constexpr int kBytes = BITS * 4;  // a block's bytes
+  __m256i t[8];
+  for (int half = 0; half < kBytes / 16; ++half) {  // 16 bytes of every block at a time
+    __m256i z[4];
+    for (int b = 0; b < 4; ++b) {
+      const int64_t at = k * BITS / 8 + b * kBytes + 16 * half;
+      z[b] = b < nb ? load2(w + at, w + ldq + at) : _mm256_setzero_si256();
+    }
+    transpose4(z, t + 4 * half);
+  }
+  if constexpr (BITS == 4) {
+    for (int e = 0; e < 4; ++e) {
+      lo[e] = _mm256_and_si256(t[e], m4);
+      lo[4 + e] = _mm256_and_si256(_mm256_srli_epi16(t[e], 4), m4);
+    }
+  } else {
+    for (int e = 0; e < 8; ++e) {
+      lo[e] = _mm256_and_si256(t[e], m4);
+      hi[e] = _mm256_and_si256(_mm256_srli_epi16(t[e], 4), m4);
+    }
+  }
+}
+
+// Lane (j, b) = v[j * ldg + group of block b] for the pair's columns (0 past K).
+inline __m256 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+  const int64_t g0 = k / gs, gpc = 128 / gs, left = (K - k + gs - 1) / gs;
+  const int n = int(left < gpc ? left : gpc);
+  const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3));
+  __m128 c0 = _mm_maskload_ps(v + g0, m), c1 = _mm_maskload_ps(v + ldg + g0, m);
+  if (gs == 64) {  // block b's group: b / 2
+    c0 = _mm_permute_ps(c0, _MM_SHUFFLE(1, 1, 0, 0));
+    c1 = _mm_permute_ps(c1, _MM_SHUFFLE(1, 1, 0, 0));
+  } else if (gs == 128) {
+    c0 = _mm_permute_ps(c0, 0);
+    c1 = _mm_permute_ps(c1, 0);
+  }
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(c0), c1, 1);
+}
+
+inline __m256i bcast16(const int8_t* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 bcast4(const float* p) { return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p)); }
+
+template <int BITS>
+inline __m256i dot(const __m256i lo[8], const __m256i hi[8], const int8_t* x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i p = _mm256_maddubs_epi16(lo[0], bcast16(x));
+  for (int e = 1; e < 8; ++e) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[e], bcast16(x + 16 * e)));
+  if constexpr (BITS == 4) {
+    return _mm256_madd_epi16(p, ones);
+  } else {
+    __m256i q = _mm256_maddubs_epi16(hi[0], bcast16(x));
+    for (int e = 1; e < 8; ++e) q = _mm256_add_epi16(q, _mm256_maddubs_epi16(hi[e], bcast16(x + 16 * e)));
+    return _mm256_add_epi32(_mm256_madd_epi16(p, ones), _mm256_madd_epi16(q, _mm256_set1_epi16(16)));
+  }
+}
+
+template <int BITS, int MB>
+inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+                    const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc) {
+  alignas(32) float out[MB][8];
+  for (int p = 0; p < 2; ++p) {  // columns 2p, 2p + 1
+    __m256 acc[MB];
+    for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+      __m256i lo[8], hi[8];
+      rounds<BITS>(wq + 2 * p * ldq, ldq, k, K, lo, hi);
+      const __m256 sv = per_lane(s + 2 * p * ldg, ldg, k, K, gs);
+      const __m256 bv = per_lane(b + 2 * p * ldg, ldg, k, K, gs);
+      for (int i = 0; i < MB; ++i) {
+        const __m256i d = dot<BITS>(lo, hi, xr + i * ldr + st * 128);
+        const int64_t f = i * ldf + st * 4;
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sv, bcast4(xd + f)), acc[i]);
+        acc[i] = _mm256_fmadd_ps(bv, bcast4(xs + f), acc[i]);
+      }
+    }
+    for (int i = 0; i < MB; ++i) {  // per column: (b0 + b2) + (b1 + b3)
+      const __m256 t = _mm256_add_ps(acc[i], _mm256_permute_ps(acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
+      _mm256_store_ps(out[i], _mm256_add_ps(t, _mm256_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1))));
+      for (int j = 2 * p; j < nc && j < 2 * p + 2; ++j) y[i * ldy + j] = out[i][4 * (j - 2 * p)];
+    }
+  }
+}
+
+template <int BITS>
+void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+               const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
+               float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
+#define Q8ROWS(MB, m)                                                                          \
+  q8block<BITS, MB>(xr + (m) * ldr, ldr, xd + (m) * ldf, xs + (m) * ldf, ldf, w, ldq, s, b, ldg, \
+                    y + (m) * ldy, ldy, K, gs, nc)
+  int64_t m = 0;
+  for (; m + kMaxRows <= M; m += kMaxRows) Q8ROWS(kMaxRows, m);
+  switch (M - m) {
+    case 3: Q8ROWS(3, m); break;
+    case 2: Q8ROWS(2, m); break;
+    case 1: Q8ROWS(1, m); break;
+    default: break;
+  }
+#undef Q8ROWS
+}
+
+template <int BITS>
+void q8rows(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+            const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+            float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4)
+    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, ldq, s + n * ldg, b + n * ldg, ldg,
+                    y + n, ldy, M, K, gs, 4);
+  for (; n < n1; ++n)
+    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, 0, s + n * ldg, b + n * ldg, 0, y + n,
+                    ldy, M, K, gs, 1);
+}
+
+}  // namespace
+
+void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
+                 int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
+                 int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
+                 int64_t n1) {
+  if (bits == 8)
+    return q8rows<8>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+  q8rows<4>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+}
+
+}  // namespace edgespec_native

@@ -1,0 +1,111 @@
+"""The quantized kernel's cost per row count: float x against int8 x, on every SIMD ISA here.
+
+Usage: python scripts/qkernel_rows.py [--rounds R] [--rows 1,2,4,8,16,32] [--bits 4]
+       [--group-size 32] [--shapes gate|up,down] [--copies 4] [--json OUT]
+
+For each product shape of the demo model (SmolLM2-135M: q|k|v, o, gate|up, down, the tied LM
+head), each row count, each ISA the CPU has (``avx512``, ``avx2``; ``set_isa``) and each kind
+of x (float, int8: ``quantized_small_matmul_native(..., q8)``), times the product over
+``--copies`` distinct weight copies in one ``mx.eval`` (4: they stay in the last-level cache,
+so this is the kernel's compute cost; 30: they stream from memory, as a forward reads them).
+The configurations are interleaved round by round and the best round is kept (the machine may
+be shared: the best is the least disturbed). Prints µs per product and the ratio to one row.
+``EDGESPEC_KERNEL_THREADS=1`` times one thread. ``--clock cpu`` times the process's CPU time
+instead of the wall clock (on a machine shared with other jobs, time spent descheduled is not
+counted; with more than one kernel thread it sums their time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
+import mlx.core as mx
+
+from edgespec.kernels import native
+from edgespec.kernels.qmatmul import quantized_small_matmul_native
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate|up": (3072, 576), "down": (576, 1536),
+          "head": (49152, 576)}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rows", default="1,2,4,8,16,32")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--shapes", default="gate|up,down,qkv,o")
+    p.add_argument("--copies", type=int, default=4)
+    p.add_argument("--calls", type=int, default=10, help="evaluations per timing")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    p.add_argument("--json", help="write the table here too")
+    return p.parse_args(argv)
+
+
+def time_one(x, ws, g, b, q8, calls, clock=time.perf_counter) -> float:
+    mx.eval([quantized_small_matmul_native(x, *q, g, b, q8) for q in ws])  # warm
+    t = clock()
+    for _ in range(calls):
+        mx.eval([quantized_small_matmul_native(x, *q, g, b, q8) for q in ws])
+    return (clock() - t) / calls / len(ws) * 1e6
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    mod = native.load()
+    if mod is None:
+        raise SystemExit(f"native kernels not loaded: {native.status().reason}")
+    isas = [i for i in ("avx512", "avx2") if i in mod.supported_isas().split(",")]
+    rows = [int(r) for r in a.rows.split(",")]
+    shapes = a.shapes.split(",")
+    mx.random.seed(0)
+    ws = {s: [mx.quantize(mx.random.normal(SHAPES[s]), group_size=a.group_size, bits=a.bits)
+              for _ in range(a.copies)] for s in shapes}
+    xs = {(s, m): mx.random.normal((m, SHAPES[s][1])) for s in shapes for m in rows}
+    mx.eval(ws, xs)
+    configs = [(s, isa, q8, m) for s in shapes for isa in isas for q8 in (False, True)
+               for m in rows]
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
+    best: dict = {}
+    before = mod.isa()
+    try:
+        for _ in range(a.rounds):
+            for s, isa, q8, m in configs:
+                mod.set_isa(isa)
+                try:
+                    us = time_one(xs[s, m], ws[s], a.group_size, a.bits, q8, a.calls, clock)
+                except ValueError:  # no int8 form for this ISA in this build
+                    us = float("nan")
+                key = (s, isa, q8, m)
+                best[key] = min(best.get(key, us), us)
+    finally:
+        mod.set_isa(before)
+    print(f"native: {native.status().reason}; {a.bits}-bit, group {a.group_size}, "
+          f"{a.copies} weight copies, best of {a.rounds} rounds x {a.calls} calls, {a.clock} "
+          "clock; µs per product"
+          " (x/1: against one row of the same column)")
+    head = "".join(f" {isa + (' int8' if q8 else ' float'):>18}" for isa in isas
+                   for q8 in (False, True))
+    out = {}
+    for s in shapes:
+        print(f"\n{s} {SHAPES[s][0]}x{SHAPES[s][1]}\n{'rows':>5}{head}")
+        for m in rows:
+            cells = []
+            for isa in isas:
+                for q8 in (False, True):
+                    us, one = best[s, isa, q8, m], best[s, isa, q8, rows[0]]
+                    cells.append(f" {us:>9.0f} ({us / one:>4.2f}x)")
+                    out[f"{s}/{isa}/{'int8' if q8 else 'float'}/{m}"] = round(us, 1)
+            print(f"{m:>5}" + "".join(cells))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"bits": a.bits, "group_size": a.group_size, "copies": a.copies,
+                       "native": native.status().reason, "us": out}, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The quantized kernel's int8-activation forms (kernels/qmatmul.py; AVX-512 VNNI and AVX2).
+
+What is checked, for 4 and 8 bits and groups of 32, 64 and 128, on every ISA the CPU has an
+int8 form for: a product of M rows (every M from 1 to 32) gives each row the bits it gets
+alone; the AVX-512 and AVX2 forms give the same bits; the result is within 1e-5 · Σ|x̂ w| of
+the pure-MLX twin (x̂ = x rounded to int8 per 32 values); a non-finite value spoils only its
+own row; int8 activations are the default and ``EDGESPEC_Q8_ACTIVATIONS=0`` turns them off.
+Skips like tests/test_kernels.py where the extension cannot be built.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec.kernels import backend
+from edgespec.kernels.qmatmul import (quantized_small_matmul, quantized_small_matmul_native,
+                                      quantized_small_matmul_q8_mlx, round_x8)
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+
+RTOL_ABS_SUM = 1e-5
+
+
+def _int8_isas(mod):
+    """The ISAs whose int8 form can run here (set_isa to each: has_q8_activations)."""
+    before, found = mod.isa(), []
+    try:
+        for isa in ("avx512", "avx2"):
+            if isa in mod.supported_isas().split(",") and mod.set_isa(isa) and mod.has_q8_activations():
+                found.append(isa)
+    finally:
+        mod.set_isa(before)
+    if not found:
+        pytest.skip("no int8 form for this CPU")
+    return found
+
+
+def _quantized(rng, n, k, group_size, bits):
+    return mx.quantize(mx.array(rng.standard_normal((n, k), dtype=np.float32)),
+                       group_size=group_size, bits=bits)
+
+
+def _within_twin(y, x, q, group_size, bits):
+    w = np.array(mx.dequantize(*q, group_size=group_size, bits=bits), dtype=np.float64)
+    xh = np.array(round_x8(x), dtype=np.float64).reshape(-1, w.shape[1])
+    bound = RTOL_ABS_SUM * (np.abs(xh) @ np.abs(w).T) + 1e-30
+    got = np.array(y).reshape(xh.shape[0], -1)
+    twin = np.array(quantized_small_matmul_q8_mlx(x, *q, group_size, bits)).reshape(got.shape)
+    assert (np.abs(got - twin) <= bound).all(), np.abs(got - twin).max()
+    assert (np.abs(got - xh @ w.T) <= bound).all()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_every_row_count_gives_each_row_its_bits_alone(mod, bits, group_size):  # noqa: F811
+    """K ends inside a 128-value step and N inside a 4-column block; rows 1..32 in one product
+    against each row alone, on each ISA, and the ISAs against each other."""
+    rng = np.random.default_rng(bits * 1000 + group_size)
+    k = {32: 160, 64: 192, 128: 384}[group_size]
+    q = _quantized(rng, 37, k, group_size, bits)
+    x = mx.array(rng.standard_normal((32, k), dtype=np.float32) * rng.uniform(0.1, 5, (32, 1)))
+    before, per_isa = mod.isa(), []
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            alone = mx.concatenate([quantized_small_matmul_native(x[r:r + 1], *q, group_size, bits,
+                                                                  q8=True) for r in range(32)])
+            for m in range(1, 33):
+                y = quantized_small_matmul_native(x[:m], *q, group_size, bits, q8=True)
+                assert mx.array_equal(y, alone[:m]).item(), (isa, m)
+            _within_twin(alone, x, q, group_size, bits)
+            per_isa.append(alone)
+    finally:
+        mod.set_isa(before)
+    assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shapes_scales_and_threads_within_the_twin(mod, seed):  # noqa: F811
+    """Random shapes (columns in many chunks over the pool's threads, ragged blocks) and x
+    scales; the first and last rows alone keep their bits."""
+    rng = np.random.default_rng(seed)
+    bits, gs = int(rng.choice([4, 8])), int(rng.choice([32, 64, 128]))
+    n, k, m = int(rng.choice([1, 5, 130, 3001])), gs * int(rng.integers(1, 13)), int(rng.integers(1, 41))
+    q = _quantized(rng, n, k, gs, bits)
+    x = mx.array(rng.standard_normal((m, k), dtype=np.float32) * rng.uniform(0.01, 10))
+    before = mod.isa()
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            y = quantized_small_matmul_native(x, *q, gs, bits, q8=True)
+            _within_twin(y, x, q, gs, bits)
+            for r in {0, m - 1}:
+                one = quantized_small_matmul_native(x[r:r + 1], *q, gs, bits, q8=True)
+                assert mx.array_equal(one, y[r:r + 1]).item(), (isa, r)
+    finally:
+        mod.set_isa(before)
+
+
+def test_a_non_finite_value_gives_nan_in_its_row_only(mod):  # noqa: F811
+    q = _quantized(np.random.default_rng(6), 8, 128, 32, 4)
+    xn = np.random.default_rng(7).standard_normal((3, 128), dtype=np.float32)
+    xn[1, 40], xn[2, 70] = np.nan, np.inf
+    before = mod.isa()
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            y = np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, 4, q8=True))
+            assert np.isfinite(y[0]).all() and np.isnan(y[1:]).all(), isa
+    finally:
+        mod.set_isa(before)
+
+
+def test_int8_activations_are_the_default_and_can_be_turned_off(mod, monkeypatch):  # noqa: F811
+    q = _quantized(np.random.default_rng(4), 64, 256, 32, 4)
+    x = mx.array(np.random.default_rng(5).standard_normal((3, 256), dtype=np.float32))
+    float_way = quantized_small_matmul_native(x, *q, 32, 4)
+    monkeypatch.delenv(backend.Q8_ENV, raising=False)
+    assert backend.q8_activations_requested()
+    monkeypatch.setenv(backend.Q8_ENV, "yes")
+    with pytest.raises(backend.KernelError, match="EDGESPEC_Q8_ACTIVATIONS='yes'"):
+        backend.use_q8_activations(4)
+    monkeypatch.setenv(backend.Q8_ENV, "0")
+    assert not backend.use_q8_activations(4) and "float x" in backend.native_summary()
+    assert mx.array_equal(quantized_small_matmul(x, *q, 32, 4), float_way).item()
+    monkeypatch.delenv(backend.Q8_ENV)
+    try:
+        backend.set_q8_activations(False)  # the override wins over the environment
+        assert not backend.use_q8_activations(4)
+    finally:
+        backend.set_q8_activations(None)
+    if not mod.has_q8_activations():
+        assert not backend.use_q8_activations(4)
+        return
+    assert backend.use_q8_activations(4)
+    assert backend.use_q8_activations(8) == (mod.isa() == "avx512")  # AVX2's 8-bit: float x
+    assert not backend.use_q8_activations(3)
+    with backend.q8_scope(False):  # a forward whose rows are not bit-independent: float x
+        assert not backend.use_q8_activations(4)
+    assert backend.use_q8_activations(4)
+    assert "int8 activations on" in backend.native_summary()
+    got = quantized_small_matmul(x, *q, 32, 4)
+    assert mx.array_equal(got, quantized_small_matmul_native(x, *q, 32, 4, q8=True)).item()
+    assert not mx.array_equal(got, float_way).item()  # it did round x
