@@ -20,12 +20,13 @@ allow), the drafter is told the outcome on its own tree, and the rules commit th
 (finished rules end the generation). ``logprobs`` come from the verifier's raw rows of the
 accepted path (``logprobs.py``), so drafting never changes them.
 
-Plain greedy decoding (no drafter, greedy, the CPU's accept, no rules) runs the same forwards
-pipelined, as mlx-lm does: step t+1's graph is built from step t's lazy argmax and started
-(``mx.async_eval``) before step t's token is read back, so building the graph, masks and
-bookkeeping (a measurable share of a small model's step on a CPU) overlaps the forward.
-``Engine(pipeline=False)`` runs the step loop instead (the tests check the two give the same
-tokens and logprobs).
+Plain greedy decoding (greedy, the CPU's accept, no rules, no drafter running the target's
+lower layers) runs the same forwards pipelined (``plain_pipeline.py``: step t+1's forward in
+flight while step t's token is read): always without a drafter, and with one while it proposes
+nothing and says its next step will be plain decoding too (``Drafter.plain_next``: ``auto`` when
+its bandit keeps choosing plain decoding). The drafter is still shown every committed token
+with the target's output of its step. ``Engine(pipeline=False)`` runs the step loop instead (the
+tests check the two give the same tokens and logprobs).
 
 The loop receives token ids: prompts are encoded (chat template included) up front by
 ``prompt.encode_prompt``, and the context window is checked once, by ``prompt.check_context``.
@@ -44,6 +45,7 @@ from .drafters.base import Drafter
 from .errors import CacheRollbackError
 from .logprobs import TokenLogprob, check_top, token_logprobs
 from .penalties import penalties_for
+from .plain_pipeline import Forwards, plain_run
 from .prompt import Prompt, check_context, encode_prompt, shared_prefix
 from .rule_tree import masked_q, shape, views
 from .rules import Rules
@@ -228,6 +230,30 @@ class Engine:
                 lower.drop()  # rules changed the fed chain: score the verified tree whole
             return target.score(tree, cache, capture=capture)
 
+        def plain_step(token: int, out: TargetOutput, waited: float) -> Step:
+            """Commit a pipelined plain step's token (``plain_pipeline.plain_run``)."""
+            nonlocal done
+            acc, chain = Accepted([0], [token]), DraftTree.chain(seq[-1], [])
+            t1 = time.perf_counter()
+            if drafter is not None:
+                drafter.update(acc, chain, out)
+                (stats.accepted_prediction_tokens,
+                 stats.rejected_prediction_tokens) = drafter.prediction_tokens()
+            stats.draft_s += time.perf_counter() - t1
+            stats.verify_s += waited
+            stats.target_forwards += 1
+            lps = None if top is None else token_logprobs(out.logits, [token], top)
+            step, used = self._emit(acc, chain, eos, text, max_new - done, logprobs=lps)
+            done += 1
+            stats.generated_tokens += used
+            seq.append(token)
+            stats.decode_s = time.perf_counter() - t_start
+            stats.peak_memory_mb = mx.get_peak_memory() / 2**20
+            return step
+
+        def lost() -> None:  # a pipelined forward could not be rolled back
+            self._cache, self._cache_seq = None, []
+
         t0 = time.perf_counter()
         prefill()
         stats.prefill_s = time.perf_counter() - t0
@@ -235,14 +261,22 @@ class Engine:
         seq = self._cache_seq = list(ids)  # the cache holds the KV of seq[:-1]
         t_start = time.perf_counter()
         ruled.reset(ids)
-        if (drafter is None and cfg.greedy and self.pipeline and metal_kernels() == "off"
-                and not ruled):
-            yield from self._plain_greedy(root, cache, max_new, stats, eos, text, seq, t_start,
-                                          top)
-            return
+        pipelined = (cfg.greedy and self.pipeline and metal_kernels() == "off" and not ruled
+                     and lower is None)
+        forwards = Forwards(target, cache, capture, keep or top is not None, lost)
+        plain_next = drafter.plain_next if drafter is not None else (lambda: True)
+        begin = (lambda: drafter.propose(0)) if drafter is not None else (lambda: None)
         while True:
             t1 = time.perf_counter()
             drafted = propose(root, max_new - done - 1)
+            if pipelined and drafted.num_drafted == 0 and plain_next():
+                for step in plain_run(forwards, root, max_new - done, plain_next, begin,
+                                      plain_step, time.perf_counter):
+                    yield step
+                if step.finish_reason is not None:
+                    return
+                root = seq[-1]
+                continue
             shaped = None
             if ruled and drafter is not None:  # cut, forced runs (plain decoding stays one node)
                 shaped = shape(drafted, ruled, max_new - done - 1)
@@ -284,62 +318,6 @@ class Engine:
             yield step
             if step.finish_reason is not None:
                 return
-
-    def _plain_greedy(self, root: int, cache, max_new: int, stats: Stats, eos,
-                      text: TextStream, seq: list[int], t_start: float,
-                      top: int | None = None) -> Iterator[Step]:
-        """Plain greedy decoding, one token a step, with step t+1 in flight while step t's token
-        is read back and emitted. Each forward is the step loop's (a one-token chain after the
-        committed tokens); the step computed past the end is waited for (its time counts) and
-        rolled back, so the cache holds ``seq[:-1]`` as after the step loop. With ``top`` (the
-        logprobs asked for) each forward's logits row is kept for its token's logprobs."""
-        target = self.target
-        rows: list[mx.array] = []  # the launched forwards' logits, oldest first (with ``top``)
-
-        def launch(token: mx.array) -> mx.array:
-            logits = target.score(token, cache).logits
-            nxt = mx.argmax(logits, axis=-1)  # (1,): lazy
-            cache.commit()  # every plain token is kept
-            if top is not None:
-                rows.append(logits)
-            mx.async_eval(nxt, *rows[-1:])
-            return nxt
-
-        def forget(ahead: mx.array) -> None:
-            mx.eval(ahead)  # the forward past the end: let it finish, then roll it back
-            try:
-                cache.trim(1)
-            except CacheRollbackError:  # a sliding window dropped what it needs
-                self._cache, self._cache_seq = None, []
-
-        done, ahead = 0, None
-        pending = launch(mx.array([root], dtype=mx.int32))
-        try:
-            while True:
-                t1 = time.perf_counter()
-                ahead = launch(pending) if done + 1 < max_new else None
-                token = int(pending.item())
-                stats.verify_s += time.perf_counter() - t1
-                stats.target_forwards += 1
-                chain = DraftTree.chain(seq[-1], [])
-                lps = None if top is None else token_logprobs(rows.pop(0), [token], top)
-                step, used = self._emit(Accepted([0], [token]), chain, eos, text, max_new - done,
-                                        logprobs=lps)
-                done += 1
-                stats.generated_tokens += used
-                seq.append(token)
-                if step.finish_reason is not None and ahead is not None:
-                    forget(ahead)
-                    ahead = None
-                stats.decode_s = time.perf_counter() - t_start
-                stats.peak_memory_mb = mx.get_peak_memory() / 2**20
-                yield step
-                if step.finish_reason is not None:
-                    return
-                pending, ahead = ahead, None
-        finally:  # the consumer closed the stream with a step in flight
-            if ahead is not None:
-                forget(ahead)
 
     def _reuse(self, ids: list[int]) -> tuple:
         """The previous request's cache trimmed to the prefix it shares with ``ids``, or a new one.

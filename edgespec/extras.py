@@ -30,4 +30,5 @@ def missing_extra(command: str, error: ImportError) -> MissingExtraError | None:
     extra = EXTRA_OF_MODULE.get((error.name or "").split(".")[0])
     if extra is None or not isinstance(error, ModuleNotFoundError):  # installed, but broken
         return None
-    return MissingExtraError(f"{command} needs the {extra} extra: pip install 'edgespec[{extra}]'")
+    return MissingExtraError(f"{command} needs the {extra} extra: pip install 'edgespec[{extra}]' "
+                             f"(from a checkout: pip install '.[{extra}]')")

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import click
 
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from .drafters.default import interactive_method
+from .drafters.default import RULE as default_rule, interactive_method
 from .errors import ConfigError
 from .generation_defaults import CHAT, READ
 from .methods import get as method_entry
@@ -51,13 +51,8 @@ class Surface:
 
 
 _INTERACTIVE = Default(lambda given: interactive_method(given.get("draft"), head=given.get("head")),
-                       "'draft' with --draft, else 'eagle3' when the model has an EAGLE-3 head "
-                       "and the native CPU kernels run, else 'corpus' when it has one, else "
-                       "'lookup'")
-_INTERACTIVE_PY = Default(_INTERACTIVE.value, "'draft' with draft=REF, else 'eagle3' when the "
-                                              "model has an EAGLE-3 head and the native CPU "
-                                              "kernels run, else 'corpus' when it has one, else "
-                                              "'lookup'")
+                       default_rule.format(draft="--draft"))
+_INTERACTIVE_PY = Default(_INTERACTIVE.value, default_rule.format(draft="draft=REF"))
 _SERVER_SPEC = {f.name: Default(None, f"the server's --{f.name.replace('_', '-')}")
                 for f in dataclasses.fields(SpecConfig)}  # a request's speculation: serve's options
 # sampling: the model's own settings come first (generation_defaults.py), then these fallbacks

@@ -90,8 +90,8 @@ def shape(drafted: DraftTree, rules: Rules, budget: int) -> RuledTree:
         depth[i] = depth[parents[i]] + 1
 
     # Forced rows stay within a small forward (the native kernels' rows): past it a forward's
-    # cost jumps (docs/measurements.md, "forwards past 32 rows"); a larger drafted tree keeps
-    # the tree kernels' limit.
+    # cost jumps (docs/measurements.md, "Quiet-machine runs": forwards past 32 rows); a larger
+    # drafted tree keeps the tree kernels' limit.
     cap = max(SMALL_M_MAX, min(len(tokens), MAX_NODES))
 
     def graft(at: int, run: list[int]) -> None:

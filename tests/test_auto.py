@@ -114,15 +114,16 @@ def test_auto_backs_off_from_a_drafter_far_behind(target):
 
 
 class Sure(Costly):
-    """A slow drafter that declares itself sure on every ``every``-th proposal it is asked about."""
+    """A slow drafter sure of its next proposal for two tokens in every ``every`` (a pure query
+    of the history, as ``confident`` must be: auto also asks it in ``plain_next``; a match that
+    lasts a token only is missed when the step after it was already launched plain)."""
 
     def __init__(self, inner, clock, cost, every):
         super().__init__(inner, clock, cost)
-        self.every, self.asked = every, 0
+        self.every = every
 
     def confident(self):
-        self.asked += 1
-        return self.asked % self.every == 0
+        return len(self.inner.history) % self.every < 2
 
 
 def test_auto_takes_a_confident_arm_outside_the_bandit(target):
@@ -134,7 +135,7 @@ def test_auto_takes_a_confident_arm_outside_the_bandit(target):
     res = Engine(target, auto).generate(PROMPT, max_tokens=80)
     assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=80).token_ids
     steps = len(res.steps)
-    assert auto.sure_steps["garbage"] == garbage.asked // 5 > 0
+    assert auto.sure_steps["garbage"] >= steps // 10 > 0
     assert auto.pulls["none"] + auto.pulls["garbage"] + auto.sure_steps["garbage"] == steps
     assert auto.pulls["garbage"] <= 2 + steps // 16  # the bandit still backs off from it
     assert auto.report()["garbage"]["sure_steps"] == auto.sure_steps["garbage"]

@@ -11,7 +11,7 @@ The picture (``docs/architecture.md``), bottom to top:
        (tool calls: each family's syntax read and written, prompts with tools, call grammars)
     3  targets/, heads/ (trained drafting heads: EAGLE-3, Medusa, their formats)
     4  drafters/
-    5  engine, rule_tree (a step's tree under rules, and the drafter's view of it), options
+    5  engine, plain_pipeline (plain greedy decoding pipelined), rule_tree (a step's tree under rules, and the drafter's view of it), options
        (what each surface takes from the config classes), worker (the one generation thread
        the server and the Python API run the engine on), training/ (it runs the target and
        the heads)
@@ -39,11 +39,10 @@ LAYERS = {
     "toolcalls": 2,
     "targets": 3, "heads": 3,
     "drafters": 4,
-    "engine": 5, "rule_tree": 5, "options": 5, "worker": 5, "training": 5,
+    "engine": 5, "plain_pipeline": 5, "rule_tree": 5, "options": 5, "worker": 5, "training": 5,
     "bench": 6, "bench_plot": 6, "bench_rows": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6,
     "llm": 6, "streams": 6,
     "__init__": 6,
-    "__main__": 6,
 }
 
 

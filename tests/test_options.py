@@ -98,8 +98,9 @@ def test_help_states_where_a_surface_differs():
     assert "[default: 256]" in generate
     assert "[default: 128: bench's own" in bench and "--method " not in bench
     for text in (generate, chat, serve):
-        assert ("[default: 'draft' with --draft, else 'eagle3' when the model has an EAGLE-3 "
-                "head and the native CPU kernels run, else 'corpus' when it has one, else "
+        assert ("[default: 'draft' with --draft, else the kind of a --head folder given, else "
+                "'eagle3' when the model has an EAGLE-3 head, its weights are not quantized and "
+                "the native CPU kernels run, else 'corpus' when it has one, else "
                 "'lookup']") in " ".join(text.split())  # wrapped where the help is long
     assert "--temperature" in bench and "--seed" in bench and "--max-draft" in bench
 

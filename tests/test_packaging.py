@@ -51,7 +51,8 @@ def test_every_extra_named_is_in_pyproject():
 def test_missing_extra_only_for_modules_an_extra_brings():
     err = missing_extra("edgespec serve", ModuleNotFoundError("no", name="uvicorn"))
     assert isinstance(err, MissingExtraError)
-    assert str(err) == "edgespec serve needs the serve extra: pip install 'edgespec[serve]'"
+    assert str(err) == ("edgespec serve needs the serve extra: pip install 'edgespec[serve]' "
+                        "(from a checkout: pip install '.[serve]')")
     assert missing_extra("edgespec serve", ModuleNotFoundError("no", name="numpy")) is None
     # installed but broken (a name missing inside it) is not a missing extra
     assert missing_extra("edgespec serve", ImportError("cannot import", name="fastapi")) is None
@@ -72,7 +73,8 @@ def _one_line_error(result, extra: str, command: str) -> None:
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
     assert lines == [f"edgespec: error: edgespec {command} needs the {extra} extra: "
-                     f"pip install 'edgespec[{extra}]'"], result.output
+                     f"pip install 'edgespec[{extra}]' "
+                     f"(from a checkout: pip install '.[{extra}]')"], result.output
 
 
 def test_serve_without_the_serve_extra(monkeypatch, tiny_models):
@@ -174,6 +176,7 @@ def test_wheel_installs_with_the_kernels_active(tmp_path, tiny_models):
     assert f"{NATIVE}/sources.sha256" in names and f"{NATIVE}/bindings.cpp" in names
     assert "edgespec/kernels_metal/common.h" in names
     assert "edgespec/kernels_metal/emulation/metal_emu.h" in names
+    assert "edgespec/models/SmolLM2-135M-Instruct/eagle3/config.json" in names  # shipped heads
     assert not any("/build/" in n for n in names)
     bin_dir = _fresh_venv(tmp_path / "venv", wheel)
     env = _clean_env()

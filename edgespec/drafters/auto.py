@@ -19,6 +19,13 @@ auto through those needs: see docs/measurements.md, "auto's retire rule"). When 
 plain decoding, the plain arm is chosen and speculation is effectively off. The defaults came
 from replaying recorded demo-model answers against the measured cost curve with timing noise.
 
+When plain decoding is the best value and no retry is due, auto says its next step will be
+plain decoding too (``plain_next``) and the engine runs such steps pipelined, as it runs plain
+decoding without a drafter (``plain_pipeline.py``); every arm is still shown each committed token
+with the target's output of its step (EAGLE-3's features included). A step that was launched
+plain before auto learned the token before it (a confident arm, a value overtaken) is proposed
+with ``propose(0)`` and credited to plain decoding; the arm waits one step.
+
 An arm may also say that its next proposal is sure to pay (``confident()``: prompt lookup, or
 the corpus drafter, with a match of 3 or more tokens: replaying the demo model's training
 answers against its cost curve estimates such steps well above plain decoding, see lookup.py).
@@ -108,7 +115,8 @@ class AutoDrafter(Drafter):
         sure = [n for n, a in self.arms.items()
                 if a is not None and n not in self.retired and a.confident()] if budget > 0 else []
         self.sure = bool(sure)
-        self.current = sure[0] if sure else self.choose()
+        # a step with no room to draft is plain decoding, whichever arm would have been chosen
+        self.current = sure[0] if sure else self.choose() if budget > 0 else PLAIN
         if sure:
             self.sure_steps[self.current] += 1
         self.started = self.clock()
@@ -116,6 +124,21 @@ class AutoDrafter(Drafter):
         if arm is None or budget <= 0:
             return DraftTree.chain(self.history[-1], [])
         return arm.propose(budget)
+
+    def plain_next(self) -> bool:
+        """Whether the next step will be plain decoding too, asked after proposing a plain step
+        and before its update: every live arm tried, plain decoding the best value, no arm due
+        for a retry once this step is counted, none confident. The step's outcome may still
+        change the choice (plain decoding's value, an arm's confidence); the engine then runs
+        that next step plain anyway (``propose(0)``) and asks again."""
+        names = [n for n in self.arms if n not in self.retired]
+        if any(self.value[n] is None for n in names):
+            return False
+        if any(n != PLAIN and self.idle[n] + 1 >= self.wait[n] for n in names):
+            return False
+        if any(a.confident() for a in self._live()):
+            return False
+        return max(names, key=self.value.get) == PLAIN
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if not self.sure:

@@ -10,7 +10,7 @@ overriding it, and the code that uses an ability (the engine, ``auto``, ``cascad
 member directly:
 
 - ``confident()``: the next proposal is sure to pay (``auto`` gives such a step to this arm
-  outside its bandit);
+  outside its bandit; a pure query: ``auto`` also asks it in ``plain_next``);
 - ``lower_layers`` > 0: the drafter runs the target's own first ``lower_layers`` layers; the
   engine then hands it a :class:`~edgespec.targets.lower_layers.LowerLayers` through
   ``use_lower_layers`` and verifies only the layers above;
@@ -24,6 +24,13 @@ member directly:
   token), in ``update``, one per tree node;
 - ``prediction_tokens()``: counts of a predicted output's drafted tokens kept and rejected
   (the engine copies them into ``Stats`` after every step);
+- ``plain_next()``: asked after the drafter proposed an empty tree and before that step's
+  ``update``: its next proposal will be empty too, unless what it learns from this step's token
+  changes that. The engine then launches the next step's forward (plain decoding, pipelined:
+  ``plain_pipeline.py``) before reading this step's token, and starts that step with
+  ``propose(0)`` after the ``update``; every step still goes through ``propose`` and ``update``
+  with the target's output of the step, as in the step loop. Only under greedy decoding without
+  rules, and not for a drafter with ``lower_layers``;
 - ``wants_hidden``: the drafter reads ``target_out.hidden`` (the last layer's output, before the
   final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too.
 
@@ -75,6 +82,11 @@ class Drafter:
 
     def confident(self) -> bool:
         """Whether the next proposal is sure to pay (``auto`` takes it outside its bandit)."""
+        return False
+
+    def plain_next(self) -> bool:
+        """Whether the next proposal will be empty as this one was (``auto``: its bandit keeps
+        choosing plain decoding); the engine then runs the next step pipelined."""
         return False
 
     def use_lower_layers(self, lower: LowerLayers | None) -> None:

@@ -16,6 +16,13 @@ from ..methods import NAMES, get
 from .registry import heads_for
 
 
+# interactive_method's rule in words, for --help and the API's documentation ({draft}: how the
+# surface names a draft model)
+RULE = ("'draft' with {draft}, else the kind of a --head folder given, else 'eagle3' when the "
+        "model has an EAGLE-3 head, its weights are not quantized and the native CPU kernels "
+        "run, else 'corpus' when it has one, else 'lookup'")
+
+
 def interactive_method(draft: str | None, target=None, head: str | None = None) -> str:
     """The method of ``chat``, ``serve`` and the Python API when none is named:
     - 'draft' with a draft model;

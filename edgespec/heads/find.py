@@ -2,7 +2,8 @@
 
 Where it looks, in order: each entry of ``$EDGESPEC_HEADS`` (``os.pathsep``-separated; an entry
 is a head directory, or a folder holding ``<kind>/`` or ``*/<kind>/`` head directories), then
-the repository's top-level ``models/*/<kind>/`` (heads shipped for the demo model). A candidate
+the heads shipped for the demo model: the repository's top-level ``models/*/<kind>/`` in a
+checkout, ``edgespec/models/*/<kind>/`` in an installed wheel. A candidate
 matches when its config.json's ``edgespec`` section has this kind and the target's fingerprint;
 only config files are read. Returns the first match, or None.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from .config import fingerprint
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
+WHEEL_MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 def find_head(target, kind: str) -> Path | None:
@@ -31,7 +33,7 @@ def find_head(target, kind: str) -> Path | None:
 
 def _candidates(kind: str) -> Iterator[Path]:
     roots = [Path(p) for p in os.environ.get("EDGESPEC_HEADS", "").split(os.pathsep) if p]
-    for root in [*roots, REPO_MODELS]:
+    for root in [*roots, REPO_MODELS, WHEEL_MODELS]:
         if (root / "config.json").is_file():
             yield root
         for sub in (root / kind, *sorted(root.glob(f"*/{kind}"))):

@@ -21,6 +21,7 @@ from .. import options
 from ..config import ModelConfig, SpecConfig
 from ..errors import EdgespecError
 from ..extras import missing_extra
+from ..generation_defaults import describe
 
 
 def _guarded(fn):
@@ -60,7 +61,8 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
     The speculation options are every request's defaults; a request may name another available
-    method and its own values (the same fields, without --draft)."""
+    method and its own values (the same fields, without --draft). A request's unset sampling
+    fields take the model's generation_config.json settings, else OpenAI's temperature 1."""
     try:
         import uvicorn
 
@@ -84,6 +86,10 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
         where = _url(host, sock.getsockname()[1])
         click.echo(f"edgespec: {state.model_name} loaded in {time.perf_counter() - t0:.1f} s; "
                    f"method {state.method} (available: {', '.join(state.methods)})", err=True)
+        click.echo("edgespec: a request's unset sampling fields: " + (
+            f"{describe(state.sampling)} (the model's generation_config.json)" if state.sampling
+            else "temperature 1 (OpenAI's; the model's generation_config.json sets none)"),
+            err=True)
         if not _is_loopback(host) and not api_key:
             click.echo(f"edgespec: warning: listening on {host} without --api-key: anyone who can "
                        "reach this port can use the model", err=True)
