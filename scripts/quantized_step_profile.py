@@ -42,6 +42,7 @@ from edgespec.kernels.rope_norm import qkv_rope, rms_norm
 from edgespec.kernels.tree_attention import tree_attention
 from edgespec.kernels.tree_mask import tree_mask
 from edgespec.targets import load
+from edgespec.targets.cost import primed_cache
 from edgespec.tree import DraftTree
 
 CONTEXT = 128
@@ -170,12 +171,7 @@ def head_cases(target, cache, ids: list[int], sizes: list[int]) -> dict:
 
 def profile(ref: str, dtype: str, rounds: int, sizes: list[int]) -> dict:
     target = load(ref, dtype=dtype, progress=False)
-    cache = target.make_cache()
-    vocab = target.args.vocab_size
-    ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(CONTEXT + max(sizes))]
-    target.score(ids[:CONTEXT], cache, head=False)
-    cache.commit()
-    mx.eval(cache.state())
+    cache, ids = primed_cache(target, CONTEXT, max(sizes))
     heads = head_variants(target)
     cases = {(n, p): fn for n in sizes
              for p, fn in cases_for(target, n, cache, ids[CONTEXT:], heads).items()}

@@ -134,6 +134,24 @@ def _naive_greedy(target, ids: list[int], n: int) -> list[int]:
     return seq[len(ids):]
 
 
+def drafters_through_rollback(target, other, prompt: list[int], n: int, exit_layer: int,
+                              layers: list[int]) -> tuple[list[int], tuple]:
+    """Plain decoding of ``n`` tokens equals naive recomputation, and early exit at
+    ``exit_layer``, layer skip over ``layers`` and ``other`` as a draft model (which disagrees,
+    so drafts get rejected and caches roll back) each give plain decoding's tokens. Returns
+    those tokens and the three drafters, for checks of their caches."""
+    want = Engine(target).generate(prompt, max_tokens=n).token_ids
+    assert want == _naive_greedy(target, prompt, n)
+    early = EarlyExitDrafter(target, GREEDY, exit_layer=exit_layer, num_draft=4, adaptive=False)
+    skip = LayerSkipDrafter(target, GREEDY, layers=layers, num_draft=4, adaptive=False)
+    draft = DraftModelDrafter(other, GREEDY, num_draft=4, max_draft=4, adaptive=False)
+    for d in (early, skip, draft):
+        res = Engine(target, d).generate(prompt, max_tokens=n)
+        assert res.token_ids == want, d.name
+        assert res.stats.proposed > 0 and res.stats.acceptance_rate < 1.0, d.name
+    return want, (early, skip, draft)
+
+
 def test_sliding_and_global_layers_through_rollback(dirs):
     """Rejected drafts past the window boundary: the sliding layers' caches have compacted,
     the global ones kept everything, and every drafter's output is plain decoding's. (An untied
@@ -142,15 +160,8 @@ def test_sliding_and_global_layers_through_rollback(dirs):
     target = load_target(dirs(name), dtype="float32")
     other = load_target(dirs(name, seed=5), dtype="float32")  # disagrees: its drafts get rejected
     prompt = _ids(360, 7)  # past window + rollback + 256 slots: the sliding layers compact
-    want = Engine(target).generate(prompt, max_tokens=24).token_ids
-    assert want == _naive_greedy(target, prompt, 24)
-    early = EarlyExitDrafter(target, GREEDY, exit_layer=2, num_draft=4, adaptive=False)
-    skip = LayerSkipDrafter(target, GREEDY, layers=[0, 1, 3, 5], num_draft=4, adaptive=False)
-    draft = DraftModelDrafter(other, GREEDY, num_draft=4, max_draft=4, adaptive=False)
-    for d in (early, skip, draft):
-        res = Engine(target, d).generate(prompt, max_tokens=24)
-        assert res.token_ids == want, d.name
-        assert res.stats.proposed > 0 and res.stats.acceptance_rate < 1.0, d.name
+    want, (early, skip, draft) = drafters_through_rollback(target, other, prompt, 24, 2,
+                                                           [0, 1, 3, 5])
     for d in (skip, draft):  # a draft cache holds each token once, also after it compacted
         assert max(d.cache.starts) > 0 and d.cache.offset <= len(prompt) + 24
     oracle = DraftModelDrafter(target, GREEDY, num_draft=4, max_draft=4, adaptive=False)

@@ -16,30 +16,18 @@ from mlx.utils import tree_flatten
 
 from edgespec import Engine, SamplingConfig
 from edgespec.cache import KVCache
-from edgespec.drafters.draft_model import DraftModelDrafter
-from edgespec.drafters.early_exit import EarlyExitDrafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.lookup import PromptLookupDrafter
 from edgespec.errors import ConfigError
 from edgespec.targets import load_target
 
 from .oracle import CONFIGS, load_oracle, make_oracle_model, oracle_logits
+from .test_families import _ids, _naive_greedy, drafters_through_rollback
 
 pytest.importorskip("mlx_lm")
 
 GREEDY = SamplingConfig()
 UNTIED = {**CONFIGS["gemma4_text"], "tie_word_embeddings": False}  # layers 4, 5 read 3, 2
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 250, n)]
-
-
-def _naive_greedy(target, ids: list[int], n: int) -> list[int]:
-    seq = list(ids)
-    for _ in range(n):
-        seq.append(int(mx.argmax(target.score(seq, target.make_cache()).logits[-1]).item()))
-    return seq[len(ids):]
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +45,7 @@ def test_shared_layers_through_rollback(models):
     target, other = models
     assert target.model.kv_sources() == [0, 1, 2, 3, 3, 2]
     prompt = _ids(360, 7)
-    want = Engine(target).generate(prompt, max_tokens=20).token_ids
-    assert want == _naive_greedy(target, prompt, 20)
-    early = EarlyExitDrafter(target, GREEDY, exit_layer=4, num_draft=4, adaptive=False)
-    skip = LayerSkipDrafter(target, GREEDY, layers=[0, 2, 3, 5], num_draft=4, adaptive=False)
-    draft = DraftModelDrafter(other, GREEDY, num_draft=4, max_draft=4, adaptive=False)
-    for d in (early, skip, draft):
-        res = Engine(target, d).generate(prompt, max_tokens=20)
-        assert res.token_ids == want, d.name
-        assert res.stats.proposed > 0 and res.stats.acceptance_rate < 1.0, d.name
+    want, (early, skip, _) = drafters_through_rollback(target, other, prompt, 20, 4, [0, 2, 3, 5])
     lookup = PromptLookupDrafter(max_branches=3)
     assert Engine(target, lookup).generate(prompt, max_tokens=20).token_ids == want
     cache = early.lower.cache  # the target's own: early exit feeds layers 0-3, verifies 4-5

@@ -24,6 +24,7 @@ from edgespec.targets.state_cache import HybridCache
 from edgespec.tree import DraftTree
 
 from .oracle import CONFIGS, load_oracle, make_oracle_model, oracle_logits, quantize_oracle_model
+from .test_families import _ids
 from .test_lossless import (ALPHA, CFG, DRAFTERS, exact_joint, impossible, joint_pvalue,
                             sampled_joint)
 
@@ -33,10 +34,6 @@ GREEDY = SamplingConfig()
 PROMPT = "the cat sat on the mat and then the cat sat on the mat again"
 # Qwen3.5, untied (a tied random model mostly repeats its last token): D A D A
 QWEN = CONFIGS["qwen3_5"]
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 250, n)]
 
 
 def _perturbed(src, out, scale: float, seed: int):

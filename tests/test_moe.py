@@ -26,15 +26,12 @@ from edgespec.targets.experts import (SparseMoE, SwitchGLU, experts_loop, route,
                                       swiglu_oai)
 
 from .oracle import CONFIGS, load_oracle, make_oracle_model, oracle_logits
+from .test_families import _ids, _naive_greedy
 
 pytest.importorskip("mlx_lm")
 
 ATOL = 1e-4
 GREEDY = SamplingConfig()
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 250, n)]
 
 
 def _close(ours, want, what: str) -> None:
@@ -202,13 +199,6 @@ def test_gpt_oss_openai_mxfp4_checkpoint_loads(tmp_path):
     target = load_target(path, dtype="float32")  # dequantized (mxfp4 scales are exponents)
     assert not target.quantized
     _close(target.score(_ids(16, 6), target.make_cache()).logits, want, "openai mxfp4, float32")
-
-
-def _naive_greedy(target, ids: list[int], n: int) -> list[int]:
-    seq = list(ids)
-    for _ in range(n):
-        seq.append(int(mx.argmax(target.score(seq, target.make_cache()).logits[-1]).item()))
-    return seq[len(ids):]
 
 
 def test_gpt_oss_windows_and_sinks_through_rollback(tmp_path):

@@ -135,7 +135,7 @@ def test_int8_activations_are_the_default_and_can_be_turned_off(mod, monkeypatch
         assert not backend.use_q8_activations(4)
         return
     assert backend.use_q8_activations(4)
-    assert backend.use_q8_activations(8) == (mod.isa() == "avx512")  # AVX2's 8-bit: float x
+    assert backend.use_q8_activations(8) == mod.q8_vnni()  # the AVX2 form's 8-bit: float x
     assert not backend.use_q8_activations(3)
     with backend.q8_scope(False):  # a forward whose rows are not bit-independent: float x
         assert not backend.use_q8_activations(4)

@@ -105,16 +105,18 @@ def q8_scope(rows_exact: bool):
 
 def use_q8_activations(bits: int) -> bool:
     """Whether the quantized kernel rounds x to int8 per 32 values (kernels/qmatmul.py): asked
-    for (the default), 4- or 8-bit weights (8 bits on AVX-512 only), inside a forward whose
+    for (the default), 4- or 8-bit weights (8 bits with the VNNI form only), inside a forward whose
     rows are bit-independent (``q8_scope``), and the native module has an int8 form for this
     CPU (AVX-512 VNNI or AVX2; else the float kernel runs)."""
     if bits not in (4, 8) or not _q8_rows_exact.get() or not q8_activations_requested() \
             or not native_enabled():
         return False
     mod = native.load()
-    if bits == 8 and mod.isa() != "avx512":  # AVX2's 8-bit form splits nibbles: slower than
-        return False  # float x there (docs/measurements.md, "Int8 activations by default")
-    return bool(getattr(mod, "has_q8_activations", lambda: False)())
+    if not getattr(mod, "has_q8_activations", lambda: False)():
+        return False
+    # AVX2's 8-bit form splits nibbles: slower than float x there (docs/measurements.md,
+    # "Int8 activations by default"), whatever ISA the float kernels run
+    return bits == 4 or mod.q8_vnni()
 
 
 def use_native_block_ops() -> bool:

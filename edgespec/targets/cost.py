@@ -153,6 +153,18 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def primed_cache(target, context: int, more: int) -> tuple:
+    """A cache holding ``context`` scored tokens, and the ids: those ``context`` and ``more``
+    after them to score (spread over the vocabulary), for timing forwards after a context."""
+    cache = target.make_cache()
+    vocab = target.args.vocab_size
+    ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(context + more)]
+    target.score(ids[:context], cache, head=False)
+    cache.commit()
+    mx.eval(cache.state())
+    return cache, ids
+
+
 def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CONTEXT,
                        repeats: int = 5) -> CostCurve:
     """Median ms of scoring a tree of each size after ``context`` cached tokens: one warm-up
@@ -162,12 +174,7 @@ def measure_cost_curve(target, sizes: tuple[int, ...] = SIZES, context: int = CO
     and the second is timed: right after a 64-node forward a 1-node one was measured slower
     than in a run of its own size, as decoding runs it (see docs/measurements.md, "The
     verify-cost curve measured in rounds")."""
-    cache = target.make_cache()
-    vocab = target.args.vocab_size
-    ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(context + max(sizes))]
-    target.score(ids[:context], cache, head=False)
-    cache.commit()
-    mx.eval(cache.state())
+    cache, ids = primed_cache(target, context, max(sizes))
     trees = [DraftTree(ids[context : context + n], [-1] + [(i - 1) // 2 for i in range(1, n)])
              for n in sizes]
     runs: list[list[float]] = [[] for _ in sizes]

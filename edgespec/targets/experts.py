@@ -48,6 +48,14 @@ SCORINGS = ("softmax", "topk_softmax")
 Glu = Callable[[mx.array, mx.array], mx.array]  # (gate(x), up(x)) -> hidden
 
 
+def routed_layer(layer: int, num_experts: int, sparse_step: int,
+                 mlp_only_layers: list[int] | None) -> bool:
+    """Qwen's rule for which layers route to experts (qwen3_moe, qwen3_next): experts exist,
+    the layer is not in ``mlp_only_layers``, and it is every ``sparse_step``-th layer."""
+    return (num_experts > 0 and layer not in (mlp_only_layers or ())
+            and (layer + 1) % sparse_step == 0)
+
+
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     """silu(gate) * up: the experts' activation in qwen, mixtral."""
     return silu(gate) * up

@@ -14,7 +14,7 @@ from functools import partial
 import mlx.nn as nn
 
 from .decoder import Decoder, DecoderArgs
-from .experts import MoEBlock, SparseMoE, stack_experts
+from .experts import MoEBlock, SparseMoE, routed_layer, stack_experts
 from .parts import Attention, Rope, silu_block
 
 FAMILY = ("qwen3_moe",)
@@ -35,8 +35,7 @@ class ModelArgs(DecoderArgs):
     norm_topk_prob: bool = False
 
     def sparse(self, layer: int) -> bool:
-        return (layer not in self.mlp_only_layers and self.num_experts > 0
-                and (layer + 1) % self.decoder_sparse_step == 0)
+        return routed_layer(layer, self.num_experts, self.decoder_sparse_step, self.mlp_only_layers)
 
 
 def qk_norm_attention(a: DecoderArgs) -> Attention:

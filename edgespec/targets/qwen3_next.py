@@ -21,7 +21,7 @@ import mlx.nn as nn
 from ..kernels.activations import silu
 from ..kernels.attention import attend
 from .decoder import Decoder, DecoderArgs
-from .experts import SparseMoE, stack_experts
+from .experts import SparseMoE, routed_layer, stack_experts
 from .parts import Attention, GatedMLP, Rope, project
 from .recurrent import GatedDeltaNet, MixerBlock
 
@@ -64,8 +64,7 @@ class ModelArgs(DecoderArgs):
 
     def sparse(self, i: int) -> bool:
         """Whether layer ``i``'s feed-forward is routed experts."""
-        return (self.num_experts > 0 and i not in (self.mlp_only_layers or ())
-                and (i + 1) % self.decoder_sparse_step == 0)
+        return routed_layer(i, self.num_experts, self.decoder_sparse_step, self.mlp_only_layers)
 
 
 class GatedAttention(Attention):

@@ -24,6 +24,8 @@ NB_MODULE(_edgespec_native, m) {
         "quantized to int8 per 32 values first (4 or 8 bits; AVX-512 VNNI or AVX2).");
   m.def("has_q8_activations", &edgespec_native::has_q8_activations,
         "Whether quantized_small_matmul(..., q8=True) runs here.");
+  m.def("q8_vnni", &edgespec_native::q8_vnni,
+        "Whether the int8 form that runs is the AVX-512 VNNI one (else AVX2's).");
   m.def("tree_attention", &edgespec_native::tree_attention_op, "q"_a, "k"_a, "v"_a, "anc"_a,
         "qpos"_a, "key_start"_a, "window"_a, "scale"_a, "softcap"_a,
         "Softmax attention of <= 64 tree nodes over cached + own keys, masked by an ancestor "

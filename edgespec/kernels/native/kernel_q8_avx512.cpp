@@ -152,20 +152,7 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
   }
 }
 
-// Columns n0..n1-1 in blocks of 4; the last n1 - n0 mod 4 one at a time, each in all 4 lanes
-// (a lane's bits do not depend on what the others hold).
-template <int BITS>
-void q8rows(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-            const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
-            float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4)
-    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, ldq, s + n * ldg, b + n * ldg, ldg,
-                    y + n, ldy, M, K, gs, 4);
-  for (; n < n1; ++n)
-    q8columns<BITS>(xr, ldr, xd, xs, ldf, wq + n * ldq, 0, s + n * ldg, b + n * ldg, 0, y + n,
-                    ldy, M, K, gs, 1);
-}
+#include "q8_rows.inc"
 
 }  // namespace
 
@@ -173,9 +160,7 @@ void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
                        const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
                        int64_t gs, int64_t n0, int64_t n1) {
-  if (bits == 8)
-    return q8rows<8>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
-  q8rows<4>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+  q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
 }  // namespace edgespec_native

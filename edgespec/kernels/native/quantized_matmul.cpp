@@ -42,6 +42,8 @@ int q8_form() { return q8_form_for(isa()); }
 
 bool has_q8_activations() { return q8_form() != 0; }
 
+bool q8_vnni() { return q8_form() == 2; }
+
 void qrows_generic(int bits, const float* x, int64_t ldx, const uint8_t* wq, int64_t ldq,
                    const float* s, const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
                    int64_t K, int64_t gs, int64_t n0, int64_t n1) {

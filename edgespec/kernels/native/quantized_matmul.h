@@ -27,6 +27,8 @@ void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, con
 // the AVX-512 or AVX2 code is in use (AVX-512 with BW and VNNI runs the VNNI form, else the
 // AVX2 one; the same bits).
 bool has_q8_activations();
+// Whether that form is the AVX-512 VNNI one (else the AVX2 one runs).
+bool q8_vnni();
 
 // Whether products of more than 4 rows dequantize each block of packed rows once for all rows
 // (kernel_q.h's buf) rather than once per 4-row block: by default on Intel CPUs, where it was
