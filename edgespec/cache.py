@@ -29,6 +29,7 @@ act on the layers that own entries only, so a shared layer's view stays its sour
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -204,3 +205,38 @@ class KVCache:
     def state(self) -> list[mx.array]:
         """Arrays to evaluate so that pending writes are materialised."""
         return [a for a in self.keys + self.values if a is not None]
+
+    @property
+    def floor(self) -> int:
+        """The smallest offset ``trim`` (and ``fork``) can return to: 0 unless a sliding layer
+        dropped entries, then the first offset whose whole window that layer still holds."""
+        return max([0] + [self.starts[i] + self.windows[i] - 1 for i in self.owners
+                          if self.starts[i] > 0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys/values buffers the cache holds (the layers that own entries)."""
+        return sum(a.nbytes for i in self.owners for a in (self.keys[i], self.values[i])
+                   if a is not None)
+
+    def fork(self, n: int) -> KVCache:
+        """A new cache holding this one's first ``n`` committed tokens, exactly as ``trim`` would
+        leave them; the two never share an array object. The fork's buffers are views of
+        exactly its committed rows, so its first write grows into buffers of its own (``_grow``
+        copies the rows) and this cache never sees what the fork writes, nor the fork what this
+        one writes (MLX updates are functional; only the Python object is rebound). ``n`` must
+        lie in ``[floor, offset]`` (else :class:`CacheRollbackError`); a subclass with state
+        of its own (``HybridCache``) extends it."""
+        if not self.floor <= n <= self.offset:
+            raise CacheRollbackError(f"cannot fork at offset {n}: this cache can return to "
+                                     f"offsets {self.floor}..{self.offset}")
+        new = copy.copy(self)
+        new.keys, new.values = list(self.keys), list(self.values)
+        for i in self.owners:
+            if self.keys[i] is not None:
+                rows = n - self.starts[i]
+                new.keys[i] = self.keys[i][..., :rows, :]
+                new.values[i] = self.values[i][..., :rows, :]
+        new.starts = list(self.starts)
+        new.offset, new._scratch = n, 0
+        return new

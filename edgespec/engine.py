@@ -5,7 +5,7 @@ produce (greedy) or are distributed exactly as it (sampling) — the drafter onl
 target forwards it takes. The engine owns the target's KV cache; drafters own theirs. Plain
 decoding is the same loop with a one-node tree, so the baseline shares every code path.
 
-Phases of one step (named closures in ``Engine._decode``):
+Phases of one step (named closures in ``Engine._steps``):
   1. ``propose``  drafter -> DraftTree (root = last committed token, not yet in the cache)
   2. ``score``    ``Target.score``: one target forward over all tree nodes -> logits per node
                   (only the upper layers when the drafter ran the lower ones: ``LowerLayers``)
@@ -30,25 +30,38 @@ tests check the two give the same tokens and logprobs).
 
 The loop receives token ids: prompts are encoded (chat template included) up front by
 ``prompt.encode_prompt``, and the context window is checked once, by ``prompt.check_context``.
+
+**One generation is a coroutine** (:class:`Decoding`, made by ``Engine.start``): it yields a
+:class:`Need` for each target forward it wants and is sent that forward's output, and yields a
+Step per step. ``stream`` runs every forward alone; ``batch.Batch`` steps several decodings
+together and scores their trees in one forward (``targets/batched.py``). Each decoding has its
+own drafter, cache, stats and random stream, so its output does not depend on what runs beside
+it. Its cache comes from the engine's prefix store (``prefix_store.PrefixStore``: the longest
+prefix of its prompt that any finished decoding left) and goes back there when it ends.
+Seeded sampling draws each token with a uniform keyed by (seed, output position)
+(``verify.verify_sampling_keyed``): the same tokens whatever is drafted.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import mlx.core as mx
 
+from .cache import KVCache
 from .config import GenerationConfig, SamplingConfig
 from .drafters.base import Drafter
-from .errors import CacheRollbackError
 from .logprobs import TokenLogprob, check_top, token_logprobs
 from .penalties import penalties_for
 from .plain_pipeline import Forwards, plain_run
-from .prompt import Prompt, check_context, encode_prompt, shared_prefix
+from .prefix_store import PrefixStore
+from .prompt import Prompt, check_context, encode_prompt
 from .rule_tree import masked_q, shape, views
 from .rules import Rules
+from .targets.batched import Part
 from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
 from .sampling import make_rng
@@ -57,6 +70,8 @@ from .stream_text import Segment, TextStream
 from .tree import DraftTree
 from .kernels.backend import metal_kernels, prefill_chunk
 from .verify import Accepted, accept
+
+PREFIX_BUDGET_BYTES = 512 * 2**20  # an engine's prefix store, unless it is given another
 
 
 @dataclass
@@ -106,6 +121,57 @@ class Result:
                    reason, steps)
 
 
+@dataclass
+class Need:
+    """A decoding's request for one target forward, answered by sending its ``TargetOutput``
+    into the decoding. ``run()`` performs it alone; ``part`` is set for a step's tree, which
+    may instead be scored in one forward with other decodings' (``targets/batched.py``:
+    the same output). Prefill chunks and forwards through a drafter's lower layers run alone."""
+
+    run: Callable[[], TargetOutput]
+    part: Part | None = None
+
+
+class Decoding:
+    """One generation in progress: a coroutine that yields a :class:`Need` for each target
+    forward (and is sent its output) and a :class:`Step` for each step, with its own drafter,
+    cache, stats and random stream.
+
+    ``rows``: the most tree nodes its next step may score (None: as many as its drafter
+    proposes), set by a scheduler that shares forwards between decodings; ``alone()``: whether
+    it decodes alone (only then does plain greedy decoding run pipelined). ``cancel()`` ends it
+    after its current step. ``alone_steps()`` drives it by itself.
+    """
+
+    def __init__(self, drafter: Drafter | None, stats: Stats):
+        self.drafter = drafter
+        self.stats = stats
+        self.rows: int | None = None
+        self.alone: Callable[[], bool] = lambda: True
+        self.cancelled = False
+        self.gen: Generator | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def alone_steps(self) -> Iterator[Step]:
+        """Run every forward alone; yield the steps."""
+        gen, sent = self.gen, None
+        try:
+            while True:
+                try:
+                    item = gen.send(sent)
+                except StopIteration:
+                    return
+                if isinstance(item, Need):
+                    sent = item.run()
+                else:
+                    sent = None
+                    yield item
+        finally:
+            gen.close()
+
+
 def _joined(outs: list[TargetOutput], capture: tuple[int, ...], target: Target) -> TargetOutput:
     """The prefill chunks' rows as one TargetOutput (no logits: prefill skips the LM head)."""
     if not outs:  # the whole prompt came from the reused cache
@@ -126,16 +192,21 @@ class Engine:
 
     def __init__(self, target: Target, drafter: Drafter | None = None,
                  sampling: SamplingConfig | None = None, reuse_prefix: bool = True,
-                 pipeline: bool = True):
+                 pipeline: bool = True, prefix_budget_bytes: int = PREFIX_BUDGET_BYTES,
+                 keyed_seeds: bool = True):
         self.target = target
+        # a seeded sampled request draws each token from a uniform keyed by (seed, position):
+        # the same tokens whatever is drafted (verify.verify_sampling_keyed); False: the
+        # recursive rejection rule, whose draws depend on the drafts
+        self.keyed_seeds = keyed_seeds
         self.reuse_prefix = reuse_prefix
         self.pipeline = pipeline  # plain greedy decoding pipelined (see the module docstring)
-        self._cache = None  # the last request's KV cache ...
-        self._cache_seq: list[int] = []  # ... which holds the KV of these tokens but the last
+        # finished decodings' caches, by prompt prefix (``prefix_store``)
+        self.prefixes = PrefixStore(prefix_budget_bytes if reuse_prefix else 0)
         self.drafter = drafter
         self.sampling = sampling or SamplingConfig()
         self.last_stats = Stats()
-        self._cancel = False
+        self._current: Decoding | None = None
 
     @property
     def method(self) -> str:
@@ -143,7 +214,8 @@ class Engine:
 
     def cancel(self) -> None:
         """Ask a running ``stream`` to stop after its current step (thread-safe flag)."""
-        self._cancel = True
+        if self._current is not None:
+            self._current.cancel()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """``prompt.encode_prompt`` with this engine's tokenizer (what ``stream`` does first)."""
@@ -170,23 +242,62 @@ class Engine:
         are finished. ``logprobs=N`` (0..20) gives each Step the log-probability of its tokens
         and the N likeliest alternatives (``logprobs.py``: the raw model distribution).
         """
+        d = self.start(prompt, max_tokens=max_tokens, stop=stop, generation=generation,
+                       sampling=sampling, rules=rules, logprobs=logprobs)
+        self._current, self.last_stats = d, d.stats
+        yield from d.alone_steps()
+
+    def start(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
+              generation: GenerationConfig | None = None,
+              sampling: SamplingConfig | None = None, rules: Rules | None = None,
+              logprobs: int | None = None, drafter: Drafter | None | bool = True,
+              cache=None) -> Decoding:
+        """A :class:`Decoding` of ``prompt`` (``stream``'s arguments), not started: its
+        coroutine runs nothing until driven (``alone_steps``, or a scheduler sending it the
+        outputs of the forwards it asks for). ``drafter``: the decoding's own (None: plain
+        decoding; True: ``engine.drafter``). ``cache``: (a cache, how many prompt tokens it
+        holds), for a decoding that does not take the engine's reused cache."""
         check_top(logprobs)
         given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
         gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
         ids = self.encode(prompt)
         ctx = self.target.context_length
         check_context(ids, ctx, self.target.name)
-        self._cancel = False
         cfg = sampling or self.sampling
         penalties = penalties_for(cfg)
         ruled = Rules(([penalties] if penalties else []) + ([rules] if rules else []))
-        yield from self._decode(ids, min(gen.max_tokens, ctx - len(ids)), gen, cfg, ruled, logprobs)
+        drafter = self.drafter if drafter is True else drafter
+        d = Decoding(drafter, Stats(method=drafter.name if drafter else "none",
+                                    prompt_tokens=len(ids)))
+        d.gen = self._decode(d, ids, min(gen.max_tokens, ctx - len(ids)), gen, cfg, ruled,
+                             logprobs, cache)
+        return d
 
-    def _decode(self, ids: list[int], max_new: int, gen: GenerationConfig,
-                cfg: SamplingConfig, ruled: Rules, top: int | None) -> Iterator[Step]:
-        target, drafter = self.target, self.drafter
-        cache, start = self._reuse(ids)
-        stats = self.last_stats = Stats(method=self.method, prompt_tokens=len(ids), cached_tokens=start)
+    def _decode(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,
+                cfg: SamplingConfig, ruled: Rules, top: int | None, given_cache) -> Generator:
+        """The decoding's coroutine; its cache goes to the prefix store when it ends, however
+        it ends, unless a forward it asked for is still unanswered or could not be undone."""
+        if given_cache is not None:
+            cache, start = given_cache
+        elif self.reuse_prefix:
+            cache, start = self.prefixes.take(ids, self.target.make_cache)
+        else:
+            cache, start = self.target.make_cache(), 0
+        held = _Held()
+        try:
+            yield from self._steps(d, ids, max_new, gen, cfg, ruled, top, cache, start, held)
+        finally:
+            # a forward asked for and never answered wrote scratch rows only: a KV cache is as
+            # it was (a hybrid cache's recurrent bookkeeping may not be)
+            kept = not held.lost and (not held.asked or type(cache) is KVCache)
+            if held.seq is not None and kept and self.reuse_prefix:
+                self.prefixes.put(held.seq, cache)
+
+    def _steps(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,
+               cfg: SamplingConfig, ruled: Rules, top: int | None, cache, start: int,
+               held: _Held) -> Generator:
+        target, drafter, stats = self.target, d.drafter, d.stats
+        stats.cached_tokens = start
         rng = make_rng(cfg, stream=0)
         eos = self.target.tokenizer.eos_token_ids
         text = TextStream(self.target.tokenizer, gen.stop)
@@ -199,11 +310,11 @@ class Engine:
         capture = drafter.target_features if drafter is not None else ()
         keep = bool(capture) or (drafter is not None and drafter.wants_hidden)
 
-        def prefill() -> None:
+        def prefill() -> Generator:
             outs, step = [], prefill_chunk(target.model.native_blocks())
             for a in range(start, len(ids) - 1, step):
-                out = target.score(ids[a : min(a + step, len(ids) - 1)], cache,
-                                   capture=capture, head=False)
+                out = yield Need(partial(target.score, ids[a : min(a + step, len(ids) - 1)],
+                                         cache, capture=capture, head=False))
                 cache.commit()
                 mx.eval(cache.state(), *((out.hidden, *out.captured.values()) if keep else ()))
                 if keep:
@@ -223,12 +334,13 @@ class Engine:
             assert tree.tokens[0] == root, "drafter proposed a tree with the wrong root"
             return tree
 
-        def score(tree: DraftTree, drafted: DraftTree) -> TargetOutput:
+        def score(tree: DraftTree, drafted: DraftTree) -> Need:
             if lower is not None and lower.fed:
-                if tree is drafted:
-                    return lower.score(tree)  # the drafter ran the lower layers: the rest only
+                if tree is drafted:  # the drafter ran the lower layers: the rest only
+                    return Need(partial(lower.score, tree))
                 lower.drop()  # rules changed the fed chain: score the verified tree whole
-            return target.score(tree, cache, capture=capture)
+            return Need(partial(target.score, tree, cache, capture=capture),
+                        Part(tree, cache, capture))
 
         def plain_step(token: int, out: TargetOutput, waited: float) -> Step:
             """Commit a pipelined plain step's token (``plain_pipeline.plain_run``)."""
@@ -243,7 +355,8 @@ class Engine:
             stats.verify_s += waited
             stats.target_forwards += 1
             lps = None if top is None else token_logprobs(out.logits, [token], top)
-            step, used = self._emit(acc, chain, eos, text, max_new - done, logprobs=lps)
+            step, used = self._emit(acc, chain, eos, text, max_new - done, logprobs=lps,
+                                    cancelled=d.cancelled)
             done += 1
             stats.generated_tokens += used
             seq.append(token)
@@ -252,23 +365,31 @@ class Engine:
             return step
 
         def lost() -> None:  # a pipelined forward could not be rolled back
-            self._cache, self._cache_seq = None, []
+            held.lost = True
+
+        def room() -> int:  # drafted nodes this step may add: the token limit, the row share
+            left = max_new - done - 1
+            return left if d.rows is None else min(left, d.rows - 1)
 
         t0 = time.perf_counter()
-        prefill()
+        yield from prefill()
         stats.prefill_s = time.perf_counter() - t0
         root, done = ids[-1], 0
-        seq = self._cache_seq = list(ids)  # the cache holds the KV of seq[:-1]
+        seq = held.seq = list(ids)  # the cache holds the KV of seq[:-1]
         t_start = time.perf_counter()
         ruled.reset(ids)
         pipelined = (cfg.greedy and self.pipeline and metal_kernels() == "off" and not ruled
                      and lower is None)
         forwards = Forwards(target, cache, capture, keep or top is not None, lost)
-        plain_next = drafter.plain_next if drafter is not None else (lambda: True)
+        drafter_plain = drafter.plain_next if drafter is not None else (lambda: True)
+
+        def plain_next() -> bool:
+            return d.alone() and drafter_plain()
+
         begin = (lambda: drafter.propose(0)) if drafter is not None else (lambda: None)
         while True:
             t1 = time.perf_counter()
-            drafted = propose(root, max_new - done - 1)
+            drafted = propose(root, room())
             if pipelined and drafted.num_drafted == 0 and plain_next():
                 for step in plain_run(forwards, root, max_new - done, plain_next, begin,
                                       plain_step, time.perf_counter):
@@ -279,14 +400,16 @@ class Engine:
                 continue
             shaped = None
             if ruled and drafter is not None:  # cut, forced runs (plain decoding stays one node)
-                shaped = shape(drafted, ruled, max_new - done - 1)
+                shaped = shape(drafted, ruled, room())
             tree = shaped.tree if shaped else drafted
             t2 = time.perf_counter()
-            out = score(tree, drafted)
+            held.asked = True  # until the forward's output arrives
+            out = yield score(tree, drafted)
+            held.asked = False
             logits = ruled.apply(tree, out.logits) if ruled else out.logits
             if ruled and tree.q is not None:
                 tree = masked_q(tree, logits)
-            acc, _ = accept(tree, logits, cfg, rng)
+            acc, _ = accept(tree, logits, cfg, rng, at=done if self.keyed_seeds else None)
             t3 = time.perf_counter()
             cache.commit(acc.path)
             if drafter is not None:
@@ -308,7 +431,7 @@ class Engine:
             if ruled:
                 ruled.commit(_through_eos(acc.tokens, eos))
             step, used = self._emit(acc, tree, eos, text, max_new - done,
-                                    bool(ruled) and ruled.finished(), lps)
+                                    bool(ruled) and ruled.finished(), lps, d.cancelled)
             done += len(acc.tokens)
             stats.generated_tokens += used
             root = acc.tokens[-1]
@@ -319,27 +442,9 @@ class Engine:
             if step.finish_reason is not None:
                 return
 
-    def _reuse(self, ids: list[int]) -> tuple:
-        """The previous request's cache trimmed to the prefix it shares with ``ids``, or a new one.
-
-        Returns (cache, number of prompt tokens whose KV is already in it).
-        """
-        cache, seq = self._cache, self._cache_seq
-        self._cache, self._cache_seq = None, []  # an interrupted prefill must not look reusable
-        if self.reuse_prefix and cache is not None and cache.offset == len(seq) - 1:
-            common = cache.reachable(shared_prefix(seq[:-1], ids[:-1]))
-            try:
-                cache.trim(cache.offset - common)
-            except CacheRollbackError:
-                common = -1
-            if common > 0:
-                self._cache = cache
-                return cache, common
-        self._cache = self.target.make_cache()
-        return self._cache, 0
-
     def _emit(self, acc: Accepted, tree: DraftTree, eos, text: TextStream, room: int,
-              ended: bool = False, logprobs: list[TokenLogprob] | None = None) -> tuple[Step, int]:
+              ended: bool = False, logprobs: list[TokenLogprob] | None = None,
+              cancelled: bool = False) -> tuple[Step, int]:
         """Turn committed tokens into a Step, cutting at EOS, a stop string, the token limit
         (``room`` tokens were left), the rules' end (``ended``) or a cancel; the last step's
         text is flushed. ``logprobs`` (one per committed token) are cut like the tokens.
@@ -361,12 +466,23 @@ class Engine:
             reason = "stop"
         if reason is None and len(acc.tokens) >= room:
             reason = "length"
-        if reason is None and self._cancel:
+        if reason is None and cancelled:
             reason = "cancelled"
         segments = text.take() if reason is None else text.flush()
         drafted = min(len(kept), acc.num_accepted)
         lps = None if logprobs is None else logprobs[: len(kept)]
         return Step(kept, segments, drafted, tree.num_drafted, reason, lps), used
+
+
+@dataclass
+class _Held:
+    """What a decoding leaves for the prefix store: the tokens its cache holds the KV of (but
+    the last), whether a forward it asked for is unanswered, and whether a pipelined forward
+    could not be rolled back."""
+
+    seq: list[int] | None = None
+    asked: bool = False
+    lost: bool = False
 
 
 def _through_eos(tokens: list[int], eos) -> list[int]:

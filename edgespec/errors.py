@@ -67,3 +67,13 @@ class ToolCallError(ConfigError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class QueueFullError(EdgespecError):
+    """The generation queue already holds as many waiting jobs as it may (``max_queue``); the
+    job was not queued. ``retry_after``: the seconds a client should wait before retrying (the
+    server sends it as 429's ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .errors import EdgespecError
 
 EXTRA_OF_MODULE = {  # top-level module -> the extra that installs it
-    "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
+    "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "prometheus_client": "serve",
     "textual": "chat", "rich": "chat",
     "matplotlib": "plot",
     "mlx_lm": "train",

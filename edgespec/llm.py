@@ -2,8 +2,11 @@
 
 Contract:
 - An :class:`LLM` owns one model and one generation thread (``worker.Worker``, the server's):
-  every call is queued to it and runs alone, so one LLM may be shared by threads and asyncio
-  tasks; concurrent calls run one after another and each gets exactly its own output.
+  every call is queued to it, so one LLM may be shared by threads and asyncio tasks.
+  Concurrent calls (threads, ``achat`` tasks gathered, ``chat_many``) decode together, up to
+  ``max_concurrency`` at once (``load``'s argument, default 4), sharing each target forward
+  (``batch.py``); each still gets exactly its own output (greedy: the tokens it gets alone;
+  seeded sampling: the same tokens whatever runs beside it).
 - The keyword options are the config fields (``config.py``), taken through ``options.py`` like
   the CLI's flags and the server's request fields: given to ``load`` they are every call's
   defaults, given to a call they apply to that call. They are validated on the caller's thread
@@ -15,8 +18,9 @@ Contract:
 - ``chat`` takes chat messages (a str is one user message) and applies the model's chat
   template; ``complete`` continues raw text (or token ids). ``stream`` / ``astream`` yield the
   steps as they come (``raw=True``: like ``complete``); ``achat`` / ``acomplete`` are awaitable.
-- Multi-turn: send the whole conversation each time. The engine keeps the previous call's KV
-  cache and computes only what follows the shared prefix (``result.stats.cached_tokens``).
+- Multi-turn: send the whole conversation each time. The engine keeps finished calls' KV caches
+  (``prefix_store``) and computes only what follows the longest prefix one of them shares
+  (``result.stats.cached_tokens``).
 - ``prediction=`` (a call option): the text the answer is expected to mostly be (an edited
   file), or OpenAI's ``{"type": "content", ...}``; it drafts while the answer follows it
   (``drafters/prediction.py``), the output is unchanged, and ``result.stats`` counts the
@@ -75,14 +79,18 @@ class LLM:
     garbage collected and at interpreter exit.
     """
 
-    def __init__(self, model: str | Target = "demo", *, progress: bool = True, **kw: Any) -> None:
+    def __init__(self, model: str | Target = "demo", *, progress: bool = True,
+                 max_concurrency: int = 4, **kw: Any) -> None:
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) \
+                or max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
         given = options.checked("python", kw)
         self._defaults = options.values("python", given)
         dtype = ModelConfig(model if isinstance(model, str) else "loaded",
                             self._defaults.get("dtype")).dtype
         self._configs({})  # a bad method or other option fails here, before anything is loaded
         load = loader(model, self._defaults.get("draft"), dtype, progress)
-        self._worker = Worker(load).start()
+        self._worker = Worker(load, max_concurrency=max_concurrency, max_queue=1 << 30).start()
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
@@ -133,6 +141,15 @@ class LLM:
         ``text``, ``token_ids``, ``finish_reason`` ("stop", "length" or "cancelled"), ``stats``;
         with ``response_format=`` a pydantic model class, an instance of it."""
         return _parsed(options, self.stream(messages, **options).result())
+
+    def chat_many(self, conversations: list[Messages], **options: Any) -> list:
+        """``chat`` for each of ``conversations``, decoded together (up to ``max_concurrency``
+        at once); the answers in the same order. Each is what ``chat`` alone returns."""
+        if not isinstance(conversations, (list, tuple)):
+            raise ConfigError(f"chat_many takes a list of conversations, got "
+                              f"{type(conversations).__name__}")
+        streams = [self.stream(c, **options) for c in conversations]
+        return [_parsed(options, s.result()) for s in streams]
 
     def complete(self, text: Text, **options: Any) -> Result:
         """The continuation of raw ``text`` (or token ids), without the chat template."""
@@ -273,7 +290,8 @@ def _raw(prompt: Messages | Text) -> Text:
                       "use chat() for messages")
 
 
-def load(model: str | Target = "demo", *, progress: bool = True, **options: Any) -> LLM:
+def load(model: str | Target = "demo", *, progress: bool = True, max_concurrency: int = 4,
+         **options: Any) -> LLM:
     """Load ``model`` (a Hugging Face repo id, a local model directory, a .gguf file or "demo")
     and start its generation thread: an :class:`LLM`.
 
@@ -281,9 +299,9 @@ def load(model: str | Target = "demo", *, progress: bool = True, **options: Any)
     ``dtype``, which are fixed when loading. ``method`` defaults to 'draft' with a draft
     model, else 'eagle3' where an EAGLE-3 head is found and pays (``drafters.default.eagle3_pays``),
     else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
-    download / conversion progress.
+    download / conversion progress. ``max_concurrency``: how many calls decode together.
     """
-    return LLM(model, progress=progress, **options)
+    return LLM(model, progress=progress, max_concurrency=max_concurrency, **options)
 
 
 def _document_options() -> None:

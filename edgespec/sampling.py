@@ -62,6 +62,24 @@ def sample_at(p: np.ndarray, u: float) -> int:
     return min(i, len(p) - 1)
 
 
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that depends on (seed, position) alone: the draw of a seeded
+    request's token at output ``position`` (``verify.verify_sampling_keyed``)."""
+    return float(np.random.default_rng([seed, 2, position]).random())
+
+
+def draw(q: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator,
+         position: int) -> int:
+    """A drafter's draw from its distribution ``q`` for the token at output ``position``: with
+    a seed, at the uniform the verifier keys to that position (``keyed_uniform``), so a draft
+    from a ``q`` close to the target's ``p`` is likely the very token the verifier draws (every
+    one of them when q == p); without one, from ``rng``. Either way the verifier's rule decides
+    what is committed, so this changes acceptance, never the output."""
+    if cfg.seed is not None:
+        return sample_at(q, keyed_uniform(cfg.seed, position))
+    return sample(q, rng)
+
+
 def make_rng(cfg: SamplingConfig, stream: int = 0) -> np.random.Generator:
     """A generator for one consumer (``stream`` 0 = verifier, 1 = drafter, ...)."""
     if cfg.seed is None:

@@ -38,7 +38,7 @@ def phrase(name: str, value: float | int | None) -> str:
 class Stats:
     method: str = "none"
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the prefix store
     generated_tokens: int = 0
     target_forwards: int = 0
     proposed: int = 0  # the drafter's tokens (a rule's cut ones too)

@@ -13,6 +13,17 @@ the committed tokens (accepted drafts followed by one token chosen by the target
   ``q``). A deterministic child (no ``q``) is a one-hot proposal: accepted with probability
   ``p(x)``, and on rejection ``p <- norm(p with x removed)``. Either way every committed token is
   distributed exactly as the target's (filtered) distribution.
+- :func:`verify_sampling_keyed` — **lossless** for sampling, and reproducible: the token at
+  output position ``i`` is the target's (filtered) distribution's inverse CDF at a uniform
+  keyed by (seed, i) alone (``sampling.keyed_uniform``), and a drafted child is accepted when
+  it is that token. Each committed token is a fresh exact draw from the target's distribution
+  after the tokens before it, so the output's distribution is the target's; and since the
+  drafts only decide how many positions one forward settles, a seeded request gives the same
+  tokens whatever drafts it is shown: with any method, beside any other requests, at any
+  speed. A deterministic child is accepted with probability p(x), as under the rule above. A
+  drafter that samples from ``q`` draws at the same keyed uniform (``sampling.draw``), so its
+  draft is the verifier's token whenever the two inverse CDFs agree there (always when
+  q == p): close to, though not always as high as, the sum_x min(p(x), q(x)) of the rule above.
 - :func:`verify_sampling_uniforms` — the same rule given the uniforms: ``u[c]`` decides child
   ``c``'s accept test (each node is tested at most once), ``u[0]`` draws the bonus token by
   inverting the residual's CDF. ``verify_sampling`` draws ``u`` (N uniforms) from its generator
@@ -33,7 +44,7 @@ import numpy as np
 from .config import SamplingConfig
 from .kernels.accept import accept_greedy, accept_sampling
 from .kernels.backend import metal_kernels
-from .sampling import probs, sample_at
+from .sampling import keyed_uniform, probs, sample_at
 from .tree import DraftTree
 
 
@@ -49,9 +60,11 @@ class Accepted:
 
 
 def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.random.Generator,
-           width: int | None = None) -> tuple[Accepted, np.ndarray | None]:
+           width: int | None = None, at: int | None = None) -> tuple[Accepted, np.ndarray | None]:
     """Lossless: ``verify_greedy`` on the argmax (greedy ``cfg``) or ``verify_sampling`` on the
-    filtered distributions of ``logits`` (N, V), padded to ``width`` columns when given.
+    filtered distributions of ``logits`` (N, V), padded to ``width`` columns when given; with a
+    seed and ``at`` (the output position of the tree's first drafted token),
+    ``verify_sampling_keyed`` instead.
 
     Returns the outcome and, when sampling, the distributions ``p`` (N, width or V) it used:
     on the host a :class:`RowProbs`, whose rows are computed as they are read.
@@ -64,6 +77,9 @@ def accept(tree: DraftTree, logits: mx.array, cfg: SamplingConfig, rng: np.rando
         if mode != "off":
             return _accepted(tree, *accept_greedy(tree.parents, tree.tokens, argmax, mode)), None
         return verify_greedy(tree, np.array(argmax)), None
+    if cfg.seed is not None and at is not None:
+        p = RowProbs(np.array(logits.astype(mx.float32)), cfg, width)
+        return verify_sampling_keyed(tree, p, cfg.seed, at), p
     if mode != "off":  # the kernels take every row; the same uniforms verify_sampling draws
         p = _padded(probs(np.array(logits.astype(mx.float32)), cfg), width)
         return _accepted(tree, *accept_sampling(tree.parents, tree.tokens, p, tree.q,
@@ -116,6 +132,19 @@ def verify_greedy(tree: DraftTree, argmax: np.ndarray) -> Accepted:
         if nxt is None:
             drafts = [tree.tokens[i] for i in path[1:]]
             return Accepted(path, drafts + [want])
+        u = nxt
+        path.append(u)
+
+
+def verify_sampling_keyed(tree: DraftTree, p, seed: int, at: int) -> Accepted:
+    """Lossless, reproducible (sampling). ``p[u]`` is the target's filtered distribution after
+    node ``u``; the token after a node at depth d is drawn with ``keyed_uniform(seed, at + d)``."""
+    u, path = 0, [0]
+    while True:
+        x = sample_at(p[u], keyed_uniform(seed, at + len(path) - 1))
+        nxt = next((c for c in tree.children(u) if tree.tokens[c] == x), None)
+        if nxt is None:
+            return Accepted(path, [tree.tokens[i] for i in path[1:]] + [x])
         u = nxt
         path.append(u)
 

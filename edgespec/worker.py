@@ -2,23 +2,26 @@
 the chat).
 
 Contract:
-- All MLX work (loading, drafting, scoring) happens on the worker's own thread; jobs run one at a
-  time in arrival order. A job's output depends only on the job: each gets a fresh drafter, and
-  the engine's prefix reuse between consecutive jobs is exact, so greedy output equals the same
-  request run alone.
+- All MLX work (loading, drafting, scoring) happens on the worker's own thread. Generations
+  start in arrival order and up to ``max_concurrency`` decode at once (``batch.Batch``: their
+  trees scored in shared forwards). A job's output depends only on the job: each gets its own
+  drafter, cache (from the engine's prefix store, exact) and random stream, so greedy output
+  equals the same request run alone and a seeded one draws the same tokens.
 - Each job receives ``Step`` events and then exactly one terminal event, ``Done`` or ``Failed``,
   on its own channel: an asyncio queue read on one event loop (:class:`LoopJob`) or a thread-safe
   queue read by one thread (:class:`ThreadJob`). A request with ``live_stats`` gets each step as
   ``Live(step, stats)``: with a copy of the running stats after it (the chat's status bar).
-- A :class:`Call` job runs ``fn(engine)`` on the thread, in queue order (the chat builds a
+- A :class:`Call` job runs ``fn(engine)`` on the thread, in queue order, once the generations
+  started before it have ended (the chat builds a
   drafter there to check a method switch, or measures plain decoding): it ends with
   ``Returned(value)`` or ``Failed``. ``call`` / ``acall`` submit one and wait for its value.
 - ``Job.cancel()`` may be called from any thread. A job cancelled while queued is skipped; a
-  running one stops after its current step (commits happen only after verification, so the
-  engine's cache stays consistent) and the drafter is dropped. Either way the job ends with
+  running one is dropped from the batch at the next round (commits happen only after
+  verification, so its cache stays consistent) with its drafter. Either way the job ends with
   ``Done(finish_reason="cancelled")``. An exception in one job becomes that job's ``Failed``;
   the worker lives on.
-- ``stop()`` fails every job still queued with ``UnavailableError``: no caller waits forever, and
+- ``stop()`` fails every job still queued with ``UnavailableError`` and lets the running ones
+  finish: no caller waits forever, and
   ``events`` / ``events_blocking`` / ``batches`` raise it if the worker ends without answering.
 - ``start(wait=False)`` returns while the model loads: jobs submitted meanwhile run once it is
   loaded, or end with ``Failed(the loading error)`` (a UI stays responsive while it loads).
@@ -33,13 +36,16 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import load_draft, make_drafter
-from .engine import Engine, Step
-from .errors import UnavailableError
+from .batch import POLICIES, Batch, Crashed, Ended
+from .engine import PREFIX_BUDGET_BYTES, Decoding, Engine, Step
+from .kv_budget import kv_bytes
+from .errors import ConfigError, QueueFullError, UnavailableError
 from .grammar import Grammar, GrammarRule
 from .stats import Stats
 from .targets import Target, load
@@ -163,12 +169,29 @@ def loader(model: str | Target, draft: str | Target | None = None, dtype: str | 
 
 
 class Worker:
-    """Owns the engine; ``submit`` queues a job, a single daemon thread runs them."""
+    """Owns the engine; ``submit`` queues a job, a single daemon thread runs them, up to
+    ``max_concurrency`` generations at once (``batch.Batch``); at most ``max_queue`` jobs wait
+    (``submit`` raises QueueFullError past that). ``batch_policy``: how decodings share a
+    forward's rows (``batch.POLICIES``)."""
 
-    def __init__(self, load: Loader, reuse_prefix: bool = True):
+    def __init__(self, load: Loader, reuse_prefix: bool = True, *, max_concurrency: int = 4,
+                 max_queue: int = 64, kv_budget_bytes: int | None = None, metrics=None,
+                 batch_policy: str = "shared"):
+        if max_concurrency < 1 or max_queue < 0:
+            raise ConfigError(f"max_concurrency must be >= 1 and max_queue >= 0; got "
+                              f"{max_concurrency} and {max_queue}")
+        if batch_policy not in POLICIES:
+            raise ConfigError(f"batch policy {batch_policy!r}: expected one of "
+                              f"{', '.join(POLICIES)}")
         self._load = load
         self._reuse_prefix = reuse_prefix
+        self.max_concurrency, self.max_queue = max_concurrency, max_queue
+        self.kv_budget_bytes = kv_budget_bytes
+        self.metrics = metrics
+        self.batch_policy = batch_policy
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._next: Job | None = None  # taken from the queue, waiting for the batch to drain
+        self._draining = False  # stop() was called: finish what runs, take nothing more
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._stopping = False
@@ -176,6 +199,7 @@ class Worker:
         self.target: Target | None = None
         self.draft: Target | None = None
         self.busy = False
+        self.active = 0  # generations decoding now
         self.counts = {"served": 0, "cancelled": 0, "failed": 0}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -193,7 +217,7 @@ class Worker:
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Fail every queued job, let the running one finish (its owner may cancel it), end;
+        """Fail every queued job, let the running ones finish (their owners may cancel them), end;
         wait ``timeout`` seconds for the thread (None: until it ends, a load in progress too).
 
         A job that slips in after the drain is not run; its reader notices ``alive`` is False.
@@ -216,6 +240,11 @@ class Worker:
     def submit(self, job: Job) -> Job:
         if not self.alive:
             raise UnavailableError("the generation worker is stopping; the request was not run")
+        if isinstance(job.request, GenRequest) and self._queue.qsize() >= self.max_queue:
+            raise QueueFullError(
+                f"{self._queue.qsize()} requests are already waiting (this server queues at "
+                f"most {self.max_queue} beside the {self.max_concurrency} it decodes at once); "
+                "retry shortly", retry_after=1)
         self._queue.put(job)
         return job
 
@@ -294,7 +323,8 @@ class Worker:
     def _serve_queue(self) -> None:
         try:
             self.target, self.draft = self._load()
-            engine = Engine(self.target, reuse_prefix=self._reuse_prefix)
+            engine = Engine(self.target, reuse_prefix=self._reuse_prefix,
+                            prefix_budget_bytes=self.kv_budget_bytes or PREFIX_BUDGET_BYTES)
         except BaseException as e:  # noqa: BLE001 - handed to start()'s caller, which re-raises it
             self._load_error = e
             self._stopping = True  # nothing more is taken: what is queued gets the error
@@ -302,24 +332,131 @@ class Worker:
             self._fail_queued(e)
             return
         self._ready.set()
-        while (job := self._queue.get()) is not None:
+        batch = Batch(engine.target, partial(_curve, engine.target), self.batch_policy,
+                      waiting=lambda: not self._queue.empty())
+        running: dict[int, tuple[Job, Decoding]] = {}
+        while True:
+            if not self._admit(engine, batch, running):
+                return
+            if running:
+                self._round(engine, batch, running)
+
+    def _admit(self, engine: Engine, batch: Batch, running: dict) -> bool:
+        """Take queued jobs while there is room: a generation joins the batch, a Call runs once
+        the generations started before it have ended. Waits when nothing runs; returns False
+        when the worker is to stop."""
+        while len(running) < self.max_concurrency and not self._draining:
+            job = self._next
+            if job is None:
+                try:
+                    job = self._queue.get(block=not running)
+                except queue.Empty:
+                    break
+            self._next = None
+            if job is None:  # stop: the running generations finish, nothing more is taken
+                self._next = None
+                self._draining = True
+                break
             if isinstance(job.request, Call):
+                if running:  # after the generations queued before it
+                    self._next = job
+                    break
                 self._call(engine, job)
                 continue
             if job.cancelled:  # cancelled while queued
                 self.counts["cancelled"] += 1
                 job.put(Done(Stats(method=job.request.spec.method), "cancelled"))
                 continue
-            self.busy = True
+            if running and not self._fits(job, running):  # waits for room in the KV budget
+                self._next = job
+                break
             try:
-                self._run(engine, job)
-            except Exception as e:  # one request's failure must not take the worker down
-                log.exception("generation failed")
+                d = self._start(engine, job, running)
+            except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+                log.exception("generation failed to start")
                 self.counts["failed"] += 1
                 job.put(Failed(e))
-            finally:
-                engine.drafter = None  # drop the request's drafter and its KV cache
-                self.busy = False
+                continue
+            running[id(d)] = (job, d)
+            batch.add(d)
+            self._fit_prefixes(engine, running)
+            if self.metrics is not None:
+                self.metrics.request_started(d.stats.method)
+        self.active = len(running)
+        self.busy = bool(running)
+        if self.metrics is not None:
+            self.metrics.queue(self.queued, self.active)
+        return bool(running) or not self._draining
+
+    def _start(self, engine: Engine, job: Job, running: dict) -> Decoding:
+        """The job's decoding, with its own drafter; its cache comes from the engine's prefix
+        store (the longest prefix of its prompt any finished request left)."""
+        r = job.request
+        drafter = make_drafter(r.spec, engine.target, r.sampling, draft=self.draft,
+                               prediction=r.prediction)
+        rules = GrammarRule(r.grammar, engine.target.tokenizer) if r.grammar else None
+        return engine.start(r.prompt, generation=r.generation, sampling=r.sampling, rules=rules,
+                            logprobs=r.logprobs, drafter=drafter)
+
+    def _kv_need(self, request: GenRequest) -> int:
+        """The KV cache bytes a request may grow to: prompt + max_tokens (and the draft
+        model's cache for 'draft')."""
+        tokens = len(request.prompt) + request.generation.max_tokens
+        return kv_bytes(self.target, self.draft if request.spec.method == "draft" else None,
+                        tokens)
+
+    def _fits(self, job: Job, running: dict) -> bool:
+        """Whether the job's KV cache fits the budget beside the running requests' (no budget:
+        always). A job alone always starts: one too large for the whole budget is refused
+        before it is queued (the server's 413)."""
+        if not self.kv_budget_bytes:
+            return True
+        used = sum(self._kv_need(j.request) for j, _ in running.values())
+        return used + self._kv_need(job.request) <= self.kv_budget_bytes
+
+    def _fit_prefixes(self, engine: Engine, running: dict) -> None:
+        """The prefix store keeps what the running requests leave of the KV budget."""
+        if self.kv_budget_bytes:
+            used = sum(self._kv_need(j.request) for j, _ in running.values())
+            engine.prefixes.fit(self.kv_budget_bytes - used)
+
+    def _round(self, engine: Engine, batch: Batch, running: dict) -> None:
+        """One step of every running generation; their events go to their jobs."""
+        for job, d in list(running.values()):
+            if job.cancelled:
+                batch.drop(d)
+                self._finish(running, job, d, Done(d.stats, "cancelled"))
+        for d, event in batch.round():
+            job = running[id(d)][0]
+            if isinstance(event, Crashed):
+                log.error("generation failed", exc_info=event.error)
+                self._finish(running, job, d, Failed(event.error))
+            elif isinstance(event, Ended):
+                self._finish(running, job, d, Done(d.stats, "stop"))
+            else:
+                job.put(Live(event, copy.copy(d.stats)) if job.request.live_stats else event)
+                if self.metrics is not None:
+                    self.metrics.step(d.stats.method, len(event.token_ids), event.proposed,
+                                      event.accepted)
+                reason = event.finish_reason
+                if reason is None and job.cancelled:
+                    reason = "cancelled"
+                    batch.drop(d)
+                if reason is not None:
+                    self._finish(running, job, d, Done(d.stats, reason))
+        self.active = len(running)
+        self.busy = bool(running)
+        self._fit_prefixes(engine, running)
+
+    def _finish(self, running: dict, job: Job, d: Decoding, event: Event) -> None:
+        if running.pop(id(d), None) is None:
+            return
+        reason = "failed" if isinstance(event, Failed) else event.finish_reason
+        self.counts["served" if reason not in ("failed", "cancelled") else reason] += 1
+        if self.metrics is not None:
+            self.metrics.prefix(d.stats.cached_tokens, d.stats.prompt_tokens)
+            self.metrics.request_finished(d.stats.method, reason, d.stats)
+        job.put(event)
 
     def _call(self, engine: Engine, job: Job) -> None:
         """A :class:`Call`: its value or its exception goes to its caller (not counted as a
@@ -334,26 +471,6 @@ class Worker:
             job.put(Failed(e))
         finally:
             self.busy = False
-
-    def _run(self, engine: Engine, job: Job) -> None:
-        r = job.request
-        engine.drafter = make_drafter(r.spec, engine.target, r.sampling, draft=self.draft,
-                                      prediction=r.prediction)
-        rules = GrammarRule(r.grammar, engine.target.tokenizer) if r.grammar else None
-        stream = engine.stream(r.prompt, generation=r.generation, sampling=r.sampling,
-                               rules=rules, logprobs=r.logprobs)
-        try:
-            for step in stream:
-                job.put(Live(step, copy.copy(engine.last_stats)) if r.live_stats else step)
-                reason = step.finish_reason
-                if reason is None and job.cancelled:
-                    reason = "cancelled"
-                if reason is not None:
-                    self.counts["cancelled" if reason == "cancelled" else "served"] += 1
-                    job.put(Done(engine.last_stats, reason))
-                    return
-        finally:
-            stream.close()  # ends the engine's generator cleanly (also after a cancel)
 
     def _fail_queued(self, error: BaseException) -> None:
         while True:
@@ -370,3 +487,14 @@ def _returned(event: Event) -> object:
     if isinstance(event, Failed):
         raise event.error
     return event.value if isinstance(event, Returned) else None
+
+
+def _curve(target: Target):
+    """The target's verify-cost curve (measured once per machine and cached; ``targets/cost``)
+    for sharing rows between decodings; None while it cannot be had."""
+    from .targets.cost import verify_cost_curve
+
+    try:
+        return verify_cost_curve(target)
+    except Exception:  # noqa: BLE001 - without a curve, rows are shared by value alone
+        return None

@@ -249,7 +249,7 @@ def test_a_hybrid_cache_holds_few_states(models):
         engine = Engine(target, drafter)
         res = engine.generate(prompt, max_tokens=24)
         assert res.stats.target_forwards > 5
-        count, size = engine._cache.held()
+        count, size = engine.prefixes._entries[next(reversed(engine.prefixes._entries))].cache.held()
         assert 0 < count <= most * slots and size == count * one, (drafter, count)
     chain = DraftModelDrafter(draft, GREEDY, num_draft=3, adaptive=False)
     Engine(target, chain).generate(prompt, max_tokens=24)

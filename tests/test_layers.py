@@ -5,7 +5,9 @@ The picture (``docs/architecture.md``), bottom to top:
     0  errors, config, methods (the drafting methods' table), extras (which optional module
        comes with which pip extra)                                 (no mlx)
     1  loading/, tree, sampling, cache, stream_text, prompt, stats, fim (fill-in-the-middle
-       prompts), generation_defaults (sampling defaults: the model's generation_config.json)
+       prompts), generation_defaults (sampling defaults: the model's generation_config.json),
+       metrics (the server's counters, Prometheus text format), prefix_store (finished
+       requests' KV caches, reused by prompt prefix)
     2  kernels/, verify, rules (per-node transforms of the target's logits), penalties (rules
        from the sampling config), logprobs, grammar (structured output as a rule), toolcalls
        (tool calls: each family's syntax read and written, prompts with tools, call grammars)
@@ -13,8 +15,8 @@ The picture (``docs/architecture.md``), bottom to top:
     4  drafters/
     5  engine, plain_pipeline (plain greedy decoding pipelined), rule_tree (a step's tree under rules, and the drafter's view of it), options
        (what each surface takes from the config classes), worker (the one generation thread
-       the server and the Python API run the engine on), training/ (it runs the target and
-       the heads)
+       the server and the Python API run the engine on), kv_budget (a sequence's KV cache
+       bytes), batch (decodings stepped together, sharing forwards), training/ (it runs the target and the heads)
     6  bench, bench_plot, bench_rows, doctor, server/, tui/, cli, llm, streams, __init__ (the
        surfaces)
 
@@ -34,12 +36,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgespec"
 LAYERS = {
     "errors": 0, "config": 0, "methods": 0, "extras": 0,
     "loading": 1, "tree": 1, "sampling": 1, "cache": 1, "stream_text": 1, "prompt": 1, "stats": 1,
-    "fim": 1, "generation_defaults": 1,
+    "fim": 1, "generation_defaults": 1, "metrics": 1, "prefix_store": 1,
     "kernels": 2, "verify": 2, "rules": 2, "grammar": 2, "penalties": 2, "logprobs": 2,
     "toolcalls": 2,
     "targets": 3, "heads": 3,
     "drafters": 4,
     "engine": 5, "plain_pipeline": 5, "rule_tree": 5, "options": 5, "worker": 5, "training": 5,
+    "kv_budget": 5, "batch": 5,
     "bench": 6, "bench_plot": 6, "bench_rows": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6,
     "llm": 6, "streams": 6,
     "__init__": 6,

@@ -207,12 +207,16 @@ def prompt_ids(target) -> list[int]:
     return ids + greedy + greedy[:1]
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["rejection", "keyed"])
 @pytest.mark.parametrize("method", list(DRAFTERS))
-def test_drafter_keeps_the_target_distribution_over_several_tokens(setup, method):
+def test_drafter_keeps_the_target_distribution_over_several_tokens(setup, method, keyed):
+    """Both sampling rules: recursive rejection, and the seeded requests' keyed draws
+    (``verify.verify_sampling_keyed``)."""
     target, draft, ids = setup
     sampling = SamplingConfig(**CFG)
     pvalue, bad, proposed, accepted = run_check(
-        Engine(target, DRAFTERS[method](target, draft, sampling), sampling), ids)
+        Engine(target, DRAFTERS[method](target, draft, sampling), sampling, keyed_seeds=keyed),
+        ids)
     assert not bad and pvalue > ALPHA, (pvalue, bad)
     if method != "none":  # speculation happened, with accepted and rejected drafts
         assert 0 < accepted < proposed, (accepted, proposed)
@@ -262,5 +266,17 @@ def test_the_check_rejects_a_lossy_rule(setup, monkeypatch, rule, method):
     sampling = SamplingConfig(**CFG)
     monkeypatch.setenv("EDGESPEC_METAL_KERNELS", "off")  # the host rule, which is what is replaced
     monkeypatch.setattr(edgespec.verify, "verify_sampling", rule)
-    pvalue, _, _, _ = run_check(Engine(target, DRAFTERS[method](target, draft, sampling), sampling), ids)
+    pvalue, _, _, _ = run_check(Engine(target, DRAFTERS[method](target, draft, sampling), sampling,
+                                       keyed_seeds=False), ids)
+    assert pvalue < ALPHA / 100
+
+
+def test_the_check_rejects_keyed_draws_that_repeat_a_uniform(setup, monkeypatch):
+    """Lossy: every position of a sequence drawn with the same uniform (keyed by seed only)."""
+    target, draft, ids = setup
+    sampling = SamplingConfig(**CFG)
+    real = edgespec.verify.keyed_uniform
+    monkeypatch.setattr(edgespec.verify, "keyed_uniform", lambda seed, position: real(seed, 0))
+    pvalue, _, _, _ = run_check(Engine(target, DRAFTERS["lookup"](target, draft, sampling),
+                                       sampling), ids)
     assert pvalue < ALPHA / 100

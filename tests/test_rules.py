@@ -225,7 +225,8 @@ def test_the_check_rejects_penalties_that_ignore_the_path(setup):
     target, draft, ids = setup
     cfg = SamplingConfig(**CFG)
     exact = exact_ruled_joint(target, ids, cfg, lambda: Penalties(-2.0, -2.0))
-    engine = Engine(target, DRAFTERS["draft"](target, draft, cfg), cfg)
+    # the rejection rule (a seeded request's keyed draws take the same rows)
+    engine = Engine(target, DRAFTERS["draft"](target, draft, cfg), cfg, keyed_seeds=False)
     pvalue, _ = ruled_pvalue(engine, ids, cfg, lambda: CommittedOnly(-2.0, -2.0), exact)
     assert pvalue < ALPHA / 100, pvalue
 
@@ -284,7 +285,10 @@ def test_cut_sampled_drafts_need_their_q_masked(setup, monkeypatch, mask):
     if not mask:
         monkeypatch.setattr(edgespec.engine, "masked_q", lambda tree, logits: tree)
     exact = exact_ruled_joint(target, ids, cfg, make)
-    pvalue, accepted = ruled_pvalue(Engine(target, FixedQ(q), cfg), ids, cfg, make, exact)
+    # q matters to the rejection rule only (the keyed rule accepts a draft when it is the
+    # token drawn, whatever q says)
+    pvalue, accepted = ruled_pvalue(Engine(target, FixedQ(q), cfg, keyed_seeds=False), ids, cfg,
+                                    make, exact)
     if mask:
         assert pvalue > ALPHA and accepted > 0, (pvalue, accepted)
     else:

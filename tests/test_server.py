@@ -226,7 +226,9 @@ def test_worker_skips_cancelled_jobs_and_fails_queued_ones_on_stop(model_dir):
     from edgespec.errors import UnavailableError
     from edgespec.worker import Done, Failed, GenRequest, LoopJob
 
-    state = ServerState.start(ServerSettings(model=str(model_dir)), progress=False)
+    # one generation at a time, so that jobs wait in the queue behind the running one
+    state = ServerState.start(ServerSettings(model=str(model_dir), max_concurrency=1),
+                              progress=False)
     worker, ids = state.worker, encode_prompt(state.target.tokenizer, "the cat")
 
     def job(n, loop):

@@ -92,7 +92,10 @@ class CascadeDrafter(DraftModelDrafter):
         tree = DraftTree(unseen[:-1] + inner.tokens,
                          list(range(-1, lead - 1)) + [p + lead if p >= 0 else lead - 1 for p in inner.parents])
         logits = self.draft.score(tree, cache).logits[lead:]
-        acc, p = accept(inner, logits, self.sampling, self.rng, self.vocab_size)
+        # seeded: the draft model's tokens drawn at the outer verifier's keyed uniforms, so
+        # they are its tokens whenever the two models agree there (``sampling.draw``)
+        acc, p = accept(inner, logits, self.sampling, self.rng, self.vocab_size,
+                        at=len(seq) - self.prompt_end)
         # token j of acc.tokens was drawn (exactly, by the lossless rule) from p[path[j]]
         q = [] if p is None else [p[u] for u in acc.path]
         cache.commit(list(range(lead)) + [u + lead for u in acc.path])

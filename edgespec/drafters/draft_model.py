@@ -16,7 +16,7 @@ from ..config import SamplingConfig
 from ..errors import CacheRollbackError, DraftMismatchError
 from ..prompt import shared_prefix
 from ..targets.target import Target, TargetOutput
-from ..sampling import make_rng, probs, sample
+from ..sampling import draw, make_rng, probs
 from ..tree import DraftTree
 from ..verify import Accepted
 from .base import AdaptiveLength, Drafter
@@ -86,13 +86,15 @@ class DraftModelDrafter(Drafter):
             self.cache.commit()
         return out.logits[-1]
 
-    def _choose(self, logits: mx.array) -> tuple[int, np.ndarray | None]:
+    def _choose(self, logits: mx.array, i: int = 0) -> tuple[int, np.ndarray | None]:
+        """The ``i``-th draft of a proposal from ``logits`` (and q, when sampling)."""
         if self.sampling.greedy:
             return int(mx.argmax(logits).item()), None
         q = probs(np.array(logits.astype(mx.float32)), self.sampling)
         if self.vocab_size and len(q) < self.vocab_size:
             q = np.pad(q, (0, self.vocab_size - len(q)))
-        return sample(q, self.rng), q
+        # the draft's output position: the tokens generated since the prompt, then i more
+        return draw(q, self.sampling, self.rng, len(self.history) - self.prompt_end + i), q
 
     def _longest(self) -> int:
         """Most drafts a proposal may hold (subclasses that stop early may allow more)."""
@@ -113,7 +115,7 @@ class DraftModelDrafter(Drafter):
         self.cache.hold()  # the drafts are fed one by one; update trims back over them
         drafts, qs = [], []
         for i in range(k):
-            tok, q = self._choose(logits)
+            tok, q = self._choose(logits, i)
             drafts.append(tok)
             qs.append(q)
             # the last draft is never fed: the cache holds the history plus drafts[:-1]

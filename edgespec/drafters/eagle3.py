@@ -204,9 +204,10 @@ class Eagle3Drafter(Drafter):
         fed: list[int] = []  # nodes an earlier depth's forward took (they come again as rows)
         self._expand([0], self.last[1], tokens, parents, conf, logp, depth)
         forwards, spent, self._exploring = 0, 0.0, False
-        for d in range(1, min(budget, self.max_depth)):
+        cap = budget  # at most this many drafted nodes
+        for d in range(1, min(cap, self.max_depth)):
             level = [u for u in range(len(tokens)) if depth[u] == d]
-            keep, budget = self._cut(parents, conf, forwards)
+            keep, budget = self._cut(parents, conf, forwards, cap)
             if not any(depth[u] == d for u in keep):
                 break  # the newest depth did not make the cut: deeper nodes would not either
             frontier = sorted(level, key=lambda u: -logp[u])[: self.top_k]
@@ -229,7 +230,7 @@ class Eagle3Drafter(Drafter):
             self._expand(frontier, logits, tokens, parents, conf, logp, depth)
             self._learn_child_edges(np.array(conf[first_child:]).reshape(len(frontier), -1))
             spent += time.perf_counter() - t1
-        keep, _ = self._cut(parents, conf, forwards)
+        keep, _ = self._cut(parents, conf, forwards, cap)
         tree = subtree(tokens, parents, keep)
         self._confidence = np.array([1.0] + [conf[u] for u in sorted(keep)])
         if forwards:  # a re-measuring step replaces the estimate (it may have been an outlier)
@@ -276,9 +277,12 @@ class Eagle3Drafter(Drafter):
         """What a step costs the drafter with ``forwards`` head forwards in ``propose``."""
         return self.update_ms + self.depth_ms * forwards
 
-    def _cut(self, parents, conf, forwards: int):
+    def _cut(self, parents, conf, forwards: int, cap: int | None = None):
+        """The nodes to verify (``confidence.choose``), at most ``cap`` of them (the step's
+        budget: ``Drafter.propose``'s contract) besides the head's own limit."""
+        limit = self.max_nodes if cap is None else min(self.max_nodes, cap)
         return choose(parents, np.array(conf), self.calibration, self.curve,
-                      self._draft_ms(forwards), self.nodes, self.max_nodes)
+                      self._draft_ms(forwards), self.nodes, limit)
 
     def _deeper_pays(self, parents, conf, frontier: list[int], forwards: int,
                      rate_now: float) -> bool:

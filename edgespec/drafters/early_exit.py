@@ -58,7 +58,7 @@ class EarlyExitDrafter(SubsetDrafter):
             if len(drafts) == k or stop:
                 break
             logits = lower.logits(hidden)[0]
-            token, q = self._choose(logits)
+            token, q = self._choose(logits, len(drafts))
             drafts.append(token)
             qs.append(q)
             stop = self._stop_after(logits)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..prompt import shared_prefix
-from ..sampling import make_rng, probs, sample
+from ..sampling import draw, make_rng, probs
 from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree
 from ..verify import Accepted
@@ -56,6 +56,7 @@ class MtpDrafter(Drafter):
         self.cache = self.mtp.make_cache()
         self.base = 0  # absolute position of the cache's first pair
         self.history: list[int] = []
+        self.prompt_len = 0  # the prompt's tokens in history (drafts' output positions follow)
         self.pending: list[tuple[mx.array, list[int]]] = []  # true pairs not yet fed
         self.last: tuple[mx.array, mx.array] | None = None  # last pair's (output, logits)
         self.drafted = 0  # draft pairs in the cache after the true ones
@@ -108,6 +109,7 @@ class MtpDrafter(Drafter):
             self.base = keep = start
         self.cache.trim(self.base + self.cache.offset - keep)
         self.history = list(tokens)
+        self.prompt_len = len(tokens)
         if keep < r:
             self.pending = [(self._normed(target_out.hidden[keep - start :]), tokens[keep + 1 :])]
 
@@ -124,7 +126,7 @@ class MtpDrafter(Drafter):
         out, logits = self.last
         drafts, qs = [], []
         for i in range(k):
-            tok, q = self._choose(logits)
+            tok, q = self._choose(logits, i)
             drafts.append(tok)
             qs.append(q)
             if i == k - 1:
@@ -135,11 +137,13 @@ class MtpDrafter(Drafter):
         self._tree = DraftTree.chain(root, drafts, q_rows)
         return self._tree
 
-    def _choose(self, logits: mx.array) -> tuple[int, np.ndarray | None]:
+    def _choose(self, logits: mx.array, i: int = 0) -> tuple[int, np.ndarray | None]:
+        """The ``i``-th draft of a proposal from ``logits`` (and q, when sampling)."""
         if self.sampling.greedy:
             return int(mx.argmax(logits).item()), None
         q = probs(np.array(logits.astype(mx.float32)), self.sampling)
-        return sample(q, self.rng), q
+        # the draft's output position: the tokens generated since the prompt, then i more
+        return draw(q, self.sampling, self.rng, len(self.history) - self.prompt_len + i), q
 
     def _trim_drafted(self) -> None:
         """Drop the last proposal's draft pairs (true pairs take their positions)."""

@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..cache import KVCache
 from .activations import silu
@@ -183,11 +184,44 @@ class FusedBlock:
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
+    def native_many(self, x: mx.array, masks: list[TreeMask], caches: list[KVCache],
+                    layer: int) -> mx.array:
+        """Several sequences' rows through the native block at once (``run_native_block_many``);
+        callers check ``native_ready`` first."""
+        q8 = bool(self.native_shape[-1]) and masks[0].native_block[1]
+        return run_native_block_many(self.native_args, self.native_shape, x, masks, caches,
+                                     layer, q8)
+
     def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
         """The block as one native operation (``native/block.h``); it writes this forward's
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
         return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8)
+
+
+def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: list[TreeMask],
+                          caches: list[KVCache], layer: int, q8: bool) -> mx.array:
+    """``run_native_block`` over several sequences' rows in one operation: ``x`` (1, N, H)
+    holds each sequence's rows in turn (``masks[g].nodes`` of them), which attend to
+    ``caches[g]`` under ``masks[g]``; each cache gets its own rows' keys/values. A row's result
+    is the bits it gets from ``run_native_block`` over its own sequence (``native/block.h``)."""
+    kv, d = shape[2:4]
+    arrays, slots = [x], []
+    for g, (mask, cache) in enumerate(zip(masks, caches)):
+        keys, values, at = cache.write_buffers(layer, mask.nodes, kv, d)
+        slots.append(at)
+        if g == 0:
+            anc = mx.array(np.concatenate([m.anc for m in masks]))
+            qpos = mx.array(np.concatenate([m.qpos for m in masks]))
+            arrays += [keys, values, anc, qpos, *args]
+        else:
+            arrays += [keys, values]
+    outs = native.load().decoder_block_many(
+        arrays, *shape, q8, [m.nodes for m in masks], slots, [m.key_start for m in masks],
+        [m.window or 0 for m in masks])
+    for g, cache in enumerate(caches):
+        cache.set_buffers(layer, outs[1 + 2 * g], outs[2 + 2 * g])
+    return outs[0]
 
 
 def joined_weights(mods, quantized: bool):

@@ -1,9 +1,12 @@
 """The FastAPI app: OpenAI-compatible routes over one ``ServerState``.
 
 Contract: ``create_app(state)`` serves ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models`` and ``GET /health``. A request is validated and encoded on arrival
-(``convert``), queued to the single worker, and answered as one JSON body or as server-sent
-events (OpenAI chunks, a usage chunk when ``stream_options.include_usage``, then ``[DONE]``).
+``GET /v1/models``, ``GET /health`` (JSON: the worker's queue, active requests, limits, counts,
+tokens/s, acceptance per method, prefix cache hits; 503 once the worker has stopped) and
+``GET /metrics`` (the same in the Prometheus text format, ``edgespec/metrics.py``). A request is
+validated and encoded on arrival (``convert``), checked against the KV budget (413), queued to
+the worker (429 with ``Retry-After`` when the queue is full), and answered as one JSON body or
+as server-sent events (OpenAI chunks, a usage chunk when ``stream_options.include_usage``, then ``[DONE]``).
 Every exception, whatever raised it, is answered through ``errors.error_response``. A request
 whose Host header is not one of the server's names gets 403 before anything else runs
 (``middleware.HostGuard``); browsers get CORS headers only for the ``--cors-origin`` origins. A client that
@@ -14,6 +17,7 @@ handler polls for the disconnect), so the worker skips or stops it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -26,7 +30,7 @@ from starlette.exceptions import HTTPException
 from .. import __version__
 from ..engine import Step
 from ..errors import EdgespecError
-from ..worker import Done, Failed, GenRequest, LoopJob, Worker
+from ..worker import TICK_S, Done, Failed, GenRequest, LoopJob, Worker
 from . import convert
 from .errors import UnavailableError, error_response, error_status_and_body
 from .middleware import ApiKeyGuard, BodyLimit, HostGuard, host_names
@@ -44,7 +48,11 @@ from .schemas import (
 from .state import ServerState
 from .tools import chat_calls
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 500, 503)}
+_ERRORS[429]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
+                                           "schema": {"type": "integer"}}}
+_PROMETHEUS = {"content": {"text/plain": {"schema": {"type": "string"}}},
+               "description": "Prometheus text format 0.0.4"}
 # With "stream": true a 200 is a server-sent event stream; its schema describes one event (as
 # OpenAPI 3.2 reads text/event-stream): a JSON chunk, or "[DONE]", in ``data``.
 _SSE_EVENT = {"type": "object", "required": ["data"],
@@ -76,11 +84,27 @@ def create_app(state: ServerState) -> FastAPI:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
-        w = state.worker
+        w, s = state.worker, state.settings
+        active = _active(w)
         body = {"status": "ok" if w.alive else "stopped", "model": state.model_name,
                 "method": state.method, "methods": list(state.methods), "queued": w.queued,
-                "busy": w.busy, **w.counts}
+                "busy": active > 0, "active": active, **w.counts,
+                "max_concurrency": s.max_concurrency, "max_queue": s.max_queue,
+                "kv_budget_mb": s.kv_budget_mb}
+        if state.metrics is not None:
+            snap = state.metrics.snapshot()
+            body |= {"tokens_per_s": snap["tokens_per_s"], "prefix_cache": snap["prefix_cache"],
+                     "acceptance": {m: v["acceptance"] for m, v in snap["methods"].items()}}
         return JSONResponse(body, status_code=200 if w.alive else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: _PROMETHEUS})
+    async def metrics() -> Response:
+        """The worker's counters in the Prometheus text format."""
+        if state.metrics is None:
+            raise UnavailableError("this server keeps no metrics")
+        state.metrics.queue(state.worker.queued, _active(state.worker))  # fresh when scraped
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> dict:
@@ -92,6 +116,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
               responses={**_ERRORS, 200: _SSE})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         gen = await run_in_threadpool(convert.chat_request, body, state)  # encoding: off the loop
+        state.check_kv_budget(gen)
         fmt = ChatFormat(state.model_name, _include_usage(body), _logprobs(gen, state))
         fmt.calls = chat_calls(body, state)
         return await _answer(request, state.worker, gen, fmt, bool(body.stream))
@@ -99,8 +124,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions", response_model=Completion, responses={**_ERRORS, 200: _SSE})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         gen = await run_in_threadpool(convert.completion_request, body, state)
+        state.check_kv_budget(gen)
         fmt = CompletionFormat(state.model_name, _include_usage(body), _logprobs(gen, state))
         return await _answer(request, state.worker, gen, fmt, bool(body.stream))
+
+
+def _active(worker: Worker) -> int:
+    """Requests decoding now."""
+    return worker.active
 
 
 def _logprobs(gen: GenRequest, state: ServerState) -> LogprobFormat | None:
@@ -135,14 +166,18 @@ async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream
 async def _events(job: LoopJob, worker: Worker, request: Request | None = None) -> AsyncIterator:
     """The job's events up to the terminal one; ``None`` for each tick spent waiting.
 
-    Returns early if ``request``'s client disconnects; raises ``UnavailableError`` if the
-    worker stops without answering, so no handler waits forever.
+    Returns early if ``request``'s client disconnects (checked on every idle tick, and at most
+    a tick apart while steps flow, so a gone client frees its place in the batch soon);
+    raises ``UnavailableError`` if the worker stops without answering, so no handler waits
+    forever.
     """
+    checked = time.monotonic()
     async for event in worker.events(job):
-        if event is None and request is not None and await request.is_disconnected():
-            return
+        if request is not None and (event is None or time.monotonic() - checked >= TICK_S):
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                return
         yield event
-
 
 async def _stream_events(job: LoopJob, worker: Worker, fmt) -> AsyncIterator[str]:
     opening = fmt.opening()

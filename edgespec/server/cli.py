@@ -22,6 +22,7 @@ from ..config import ModelConfig, SpecConfig
 from ..errors import EdgespecError
 from ..extras import missing_extra
 from ..generation_defaults import describe
+from ..kv_budget import KV_BUDGET_MB
 
 
 def _guarded(fn):
@@ -54,10 +55,18 @@ def _guarded(fn):
 @click.option("--model-alias", "aliases", multiple=True,
               help="another name requests may use for the served model (repeatable)")
 @click.option("--no-prefix-reuse", is_flag=True,
-              help="recompute every prompt instead of reusing the KV of the last request's prefix")
+              help="recompute every prompt instead of reusing the KV of the longest prefix a finished "
+                   "request left (the prefix cache)")
+@click.option("--max-concurrency", default=4, show_default=True, type=int,
+              help="requests decoded at once, sharing each step's forward (continuous batching)")
+@click.option("--max-queue", default=64, show_default=True, type=int,
+              help="requests that may wait beyond those; one more gets 429 with Retry-After")
+@click.option("--kv-budget-mb", default=KV_BUDGET_MB, show_default=True, type=int,
+              help="KV cache memory, in MiB, of the requests decoding together; a request whose "
+                   "prompt + max_tokens alone need more gets 413")
 @_guarded
 def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, aliases,
-          no_prefix_reuse, **kw):
+          no_prefix_reuse, max_concurrency, max_queue, kv_budget_mb, **kw):
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
     The speculation options are every request's defaults; a request may name another available
@@ -76,7 +85,9 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
         dtype=v.get("dtype"),
         spec_options=options.pick(SpecConfig, v, skip=("method", "draft")), api_key=api_key,
         max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins), host=host,
-        allowed_hosts=tuple(allowed_hosts), aliases=tuple(aliases), reuse_prefix=not no_prefix_reuse)
+        allowed_hosts=tuple(allowed_hosts), aliases=tuple(aliases),
+        reuse_prefix=not no_prefix_reuse, max_concurrency=max_concurrency, max_queue=max_queue,
+        kv_budget_mb=kv_budget_mb)
     sock = _bind(host, port)  # before loading: a busy port fails in a second, not after the load
     click.echo(f"edgespec: loading {model}" + (f" (draft {draft})" if draft else ""), err=True)
     t0 = time.perf_counter()

@@ -4,7 +4,9 @@ Contract: ``error_response(exc)`` turns any exception into an HTTP status and Op
 body ``{"error": {"message", "type", "param", "code"}}``. Client mistakes (bad JSON, wrong types,
 values the config dataclasses reject, a prompt beyond the context window, an unknown model, a
 missing key, an oversize body, a field the server does not take, a Host that is not the
-server's) are 4xx with a message naming the bad value; anything unexpected is
+server's) are 4xx with a message naming the bad value. A full queue is 429 with ``Retry-After``
+and OpenAI's rate-limit body (type "requests", code "rate_limit_exceeded"); a request whose
+KV cache cannot fit the server's budget is 413. Anything unexpected is
 a 500 whose message says only that, so a request can never take the server down or leak a trace.
 """
 
@@ -16,7 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..errors import ConfigError, ContextOverflowError, EdgespecError, UnavailableError
+from ..errors import (ConfigError, ContextOverflowError, EdgespecError, QueueFullError,
+                      UnavailableError)
 from .request_model import NOT_SUPPORTED
 
 log = logging.getLogger("edgespec.server")
@@ -39,7 +42,12 @@ class ModelNotFoundError(RequestError):
 
 
 class RequestTooLargeError(EdgespecError):
-    """The request body is over the server's size limit."""
+    """The request body is over the server's size limit, or the request's prompt + max_tokens
+    need more KV cache than the server's whole KV budget (``param`` names the field)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class HostNotAllowedError(EdgespecError):
@@ -53,6 +61,7 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),
     (RequestTooLargeError, 413, "invalid_request_error", "request_too_large"),
     (HostNotAllowedError, 403, "invalid_request_error", "host_not_allowed"),
+    (QueueFullError, 429, "requests", "rate_limit_exceeded"),  # OpenAI's requests-per-minute 429
     (ContextOverflowError, 400, "invalid_request_error", "context_length_exceeded"),
     (RequestError, 400, "invalid_request_error", None),
     (ConfigError, 400, "invalid_request_error", None),
@@ -84,6 +93,8 @@ def error_status_and_body(exc: BaseException) -> tuple[int, dict]:
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = error_status_and_body(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, QueueFullError):
+        headers = {"Retry-After": str(exc.retry_after)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

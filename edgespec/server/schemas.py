@@ -172,10 +172,12 @@ class _ChatOpenAIFields(GenerationFields):
     safety_identifier: str | None = Field(None, description="an id of the end user (OpenAI's): "
                                           "accepted, recorded nowhere")
     prompt_cache_key: str | None = Field(
-        None, description="accepted: the prompt's longest prefix shared with the last request "
-                          "is reused whatever the key (usage.prompt_tokens_details.cached_tokens)")
+        None, description="accepted: the prompt's longest prefix shared with any finished "
+                          "request the prefix cache keeps is reused whatever the key "
+                          "(usage.prompt_tokens_details.cached_tokens)")
     prompt_cache_retention: str | None = Field(
-        None, description="only 'in_memory' (the last request's KV is kept in memory)")
+        None, description="only 'in_memory' (finished requests' KV is kept in memory, under "
+                          "the KV budget)")
     modalities: list[str] | None = Field(None, description="only ['text']")
 
 
@@ -227,7 +229,8 @@ class SpeculativeUsage(BaseModel):
 
 
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int = Field(description="prompt tokens whose KV was reused from the last request")
+    cached_tokens: int = Field(description="prompt tokens whose KV was reused from the prefix "
+                                           "cache")
 
 
 class CompletionTokensDetails(BaseModel):
@@ -319,16 +322,34 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class PrefixCacheHealth(BaseModel):
+    lookups: int = Field(description="prompts looked up in the prefix cache")
+    hits: int = Field(description="prompts that reused a cached prefix")
+    hit_tokens: int = Field(description="prompt tokens whose KV came from the cache")
+    prompt_tokens: int = Field(description="prompt tokens looked up")
+    hit_rate: float | None = Field(description="hit_tokens / prompt_tokens (null before any)")
+
+
 class Health(BaseModel):
     status: Literal["ok", "stopped"]
     model: str
     method: str = Field(description="the default drafting method")
     methods: list[str] = Field(description="methods a request may choose")
-    queued: int
-    busy: bool
+    queued: int = Field(description="requests waiting for a place in the batch")
+    busy: bool = Field(description="whether any request is decoding")
+    active: int = Field(description="requests decoding now")
     served: int
     cancelled: int
     failed: int
+    max_concurrency: int = Field(description="requests decoded at once (--max-concurrency)")
+    max_queue: int = Field(description="requests that may wait; one more gets 429 (--max-queue)")
+    kv_budget_mb: int = Field(description="KV cache budget in MiB (--kv-budget-mb)")
+    tokens_per_s: float | None = Field(None, description="tokens generated per second, all "
+                                       "requests together, over the last 10 seconds")
+    acceptance: dict[str, float | None] | None = Field(
+        None, description="per method: drafted tokens the target accepted / drafted (null "
+        "before any were drafted)")
+    prefix_cache: PrefixCacheHealth | None = None
 
 
 class ErrorDetail(BaseModel):

@@ -4,6 +4,12 @@ Contract: ``ServerSettings`` is frozen and validated like edgespec's other confi
 naming the value). ``ServerState.start(settings)`` loads the target (and the draft model, once)
 on the worker thread and returns when it is ready; the app only ever reads the state. A request
 may name the served model only by ``names`` -- nothing a request says is ever loaded.
+
+Admission: the worker decodes up to ``max_concurrency`` requests at once and keeps at most
+``max_queue`` waiting (one more gets 429); ``kv_budget_mb`` bounds the KV cache of the requests
+decoding together, and a request whose own prompt + max_tokens cannot fit it is refused at once
+(``check_kv_budget``: 413) instead of running out of memory later. The worker reports to
+``metrics`` (``edgespec/metrics.py``), which ``/metrics`` and ``/health`` read.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from ..drafters.default import interactive_method
 from ..errors import ConfigError
 from ..generation_defaults import model_sampling
 from ..heads.loaded import load_head_for
+from ..kv_budget import KV_BUDGET_MB, kv_bytes
+from ..metrics import Metrics
 from ..targets.mtp import check_mtp
-from ..worker import Worker, loader
+from ..worker import GenRequest, Worker, loader
+from .errors import RequestTooLargeError
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -46,6 +55,9 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()  # other such names ('*': any)
     aliases: tuple[str, ...] = ()
     reuse_prefix: bool = True
+    max_concurrency: int = 4  # requests decoding at once (continuous batching)
+    max_queue: int = 64  # requests waiting beyond those; one more gets 429
+    kv_budget_mb: int = KV_BUDGET_MB  # KV cache of the requests decoding together, in MiB
 
     def __post_init__(self) -> None:
         bad = set(self.spec_options) - ({f.name for f in fields(SpecConfig)} - {"method", "draft"})
@@ -53,15 +65,20 @@ class ServerSettings:
             raise ConfigError(f"spec_options takes SpecConfig options but method and draft; "
                               f"got {', '.join(sorted(bad))}")
         self.spec(self.default_method(), {})  # ConfigError for a bad value, before any loading
-        for name in ("max_tokens_limit", "max_body_bytes"):
+        for name, least in (("max_tokens_limit", 1), ("max_body_bytes", 1),
+                            ("max_concurrency", 1), ("max_queue", 0), ("kv_budget_mb", 1)):
             v = vars(self)[name]
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise ConfigError(f"{name} must be an integer >= {least}, got {v!r}")
         for name, values in (("allowed_hosts", self.allowed_hosts), ("cors_origins", self.cors_origins)):
             if any(not isinstance(v, str) or not v.strip() or v != v.strip() for v in values):
                 raise ConfigError(f"{name} must be non-empty names without spaces, got {values!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty (leave it unset to serve without a key)")
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return self.kv_budget_mb << 20
 
     def spec(self, method: str, sent: Mapping) -> SpecConfig:
         """The SpecConfig of a request for ``method``: what it sent (all of it applies) over the
@@ -85,9 +102,10 @@ class ServerSettings:
 class ServerState:
     """Settings + the started worker; built by ``start`` (model loading happens there)."""
 
-    def __init__(self, settings: ServerSettings, worker: Worker):
+    def __init__(self, settings: ServerSettings, worker: Worker, metrics: Metrics | None = None):
         self.settings = settings
         self.worker = worker
+        self.metrics = metrics
         self.target = worker.target
         self.method = settings.default_method(self.target)
         self.methods = settings.available_methods(self.target)
@@ -97,11 +115,51 @@ class ServerState:
         if self.method not in self.methods and registry.get(self.method).needs_mtp:
             check_mtp(self.target)  # ConfigError naming what the checkpoint lacks
         self.created = int(time.time())
+        # one token's KV in the target's cache, and in the draft model's ('draft' requests)
+        self.kv_bytes_per_token = kv_bytes(self.target, None, 1)
+        self.draft_kv_bytes_per_token = kv_bytes(self.target, worker.draft, 1)
+        self._check_default_fits()
 
     @classmethod
     def start(cls, settings: ServerSettings, progress: bool = True) -> "ServerState":
         load = loader(settings.model, settings.draft, settings.dtype, progress)
-        return cls(settings, Worker(load, settings.reuse_prefix).start())
+        metrics = Metrics()
+        worker = Worker(load, settings.reuse_prefix, max_concurrency=settings.max_concurrency,
+                        max_queue=settings.max_queue, kv_budget_bytes=settings.kv_budget_bytes,
+                        metrics=metrics)
+        worker.start()
+        try:
+            return cls(settings, worker, metrics)
+        except BaseException:
+            worker.stop()
+            raise
+
+    def _check_default_fits(self) -> None:
+        """ConfigError when a request that sets no max_tokens (it gets --max-tokens-limit) could
+        never fit the KV budget: a server that would refuse every such request does not start."""
+        s, per_token = self.settings, self.draft_kv_bytes_per_token
+        need = s.max_tokens_limit * per_token
+        if need > s.kv_budget_bytes:
+            raise ConfigError(
+                f"--max-tokens-limit {s.max_tokens_limit} (the max_tokens of a request that sets "
+                f"none) needs {need / 2**20:.1f} MiB of KV cache ({per_token} bytes per token), "
+                f"over --kv-budget-mb {s.kv_budget_mb}: raise --kv-budget-mb to at least "
+                f"{-(-need // 2**20)} or lower --max-tokens-limit")
+
+    def check_kv_budget(self, gen: GenRequest) -> None:
+        """RequestTooLargeError (413) when ``gen``'s prompt + max_tokens alone need more KV
+        cache than the whole budget (with the draft model's cache for a 'draft' request)."""
+        tokens = len(gen.prompt) + gen.generation.max_tokens
+        per_token = (self.draft_kv_bytes_per_token if gen.spec.method == "draft"
+                     else self.kv_bytes_per_token)
+        need = tokens * per_token
+        budget = self.settings.kv_budget_bytes
+        if need > budget:
+            raise RequestTooLargeError(
+                f"the prompt ({len(gen.prompt)} tokens) + max_tokens ({gen.generation.max_tokens}) "
+                f"need {need / 2**20:.1f} MiB of KV cache ({per_token} bytes per token); this "
+                f"server's KV budget is {self.settings.kv_budget_mb} MiB (--kv-budget-mb): send a "
+                "shorter prompt or a smaller max_tokens", "max_tokens")
 
     @property
     def model_name(self) -> str:

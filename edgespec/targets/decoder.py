@@ -163,6 +163,24 @@ class Decoder(nn.Module):
             captured[len(blocks)] = x
         return x, captured
 
+    def run_many(self, tokens: mx.array, masks: Sequence, caches: Sequence[KVCache],
+                 capture: Collection[int] = ()) -> tuple[mx.array, dict[int, mx.array]]:
+        """All layers over several sequences' rows at once: ``tokens`` (1, N) holds each
+        sequence's rows in turn, ``masks[g]`` (a ``TreeMask``) says how many and what they see
+        of ``caches[g]`` (a cache with a slot per layer). Every block runs natively
+        (``native_blocks``; ``targets/batched.py`` checks). Returns what ``__call__`` does."""
+        with q8_scope(True):
+            x = self.embed(tokens)
+            captured = {}
+            blocks = self.model.layers
+            for i, block in enumerate(blocks):
+                if i in capture:
+                    captured[i] = x
+                x = block.native_many(x, masks, caches, i)
+            if len(blocks) in capture:
+                captured[len(blocks)] = x
+            return x, captured
+
     def fuse(self) -> int:
         """Fuse every block that has a fused form, then put the weights a decoding step
         streams on 2 MB pages (``weight_arena``: the same bits, new places; the bytes the

@@ -219,6 +219,11 @@ class PreNormBlock(nn.Module):
         """Whether small forwards run as one native operation (``FusedBlock.native_ready``)."""
         return self._fused is not None and self._fused.native_ready()
 
+    def native_many(self, x, masks, caches, layer):
+        """Several sequences' rows in one native operation (``FusedBlock.native_many``; only
+        where ``native_ready``)."""
+        return self._fused.native_many(x, masks, caches, layer)
+
     def streamed(self) -> list[mx.array]:
         """The fused weights a forward streams, in reading order (none when not fused)."""
         return self._fused.streamed() if self._fused is not None else []

@@ -80,6 +80,19 @@ class HybridCache(KVCache):
         limit = min(super().reachable(offset), self.offset)
         return max(o for o in common if o <= limit)  # offset 0 is always kept
 
+    def fork(self, n: int) -> HybridCache:
+        """``KVCache.fork`` at an offset where every recurrent slot keeps a state
+        (``reachable(n) == n``, else :class:`CacheRollbackError`); the fork keeps that state
+        (pinned) and the zero state. States are never updated in place, so the two share them."""
+        if self.reachable(n) != n:
+            raise CacheRollbackError(f"cannot fork at offset {n}: the recurrent states are kept "
+                                     f"only up to offset {self.reachable(n)} there")
+        new = super().fork(n)
+        new.tree, new.per_node, new._held, new._written = None, False, None, {}
+        new._pinned = n
+        new._timeline = {i: {0: None, n: line[n]} for i, line in self._timeline.items()}
+        return new
+
     def held(self) -> tuple[int, int]:
         """(states, bytes) the recurrent slots hold now: one state per kept commit boundary per
         slot, plus the per-node states the current forward keeps until its commit."""

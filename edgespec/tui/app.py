@@ -2,7 +2,7 @@
 accepted from the drafter and which it produced itself.
 
 Threads: loading, checking a method switch, generating and measuring run on the session's
-generation worker (``worker.Worker``, the server's and the Python API's thread), one at a time;
+generation worker (``worker.Worker``, the server's and the Python API's thread), in turn;
 this class awaits them as asyncio tasks on the UI's event loop (Textual workers without threads;
 ``busy`` says which runs), so only the UI thread changes the screen. An answer arrives in batches
 (``ChatSession.areply``): one redraw per batch, whatever the model's speed. Escape cancels the

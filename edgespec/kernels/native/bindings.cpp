@@ -36,31 +36,66 @@ NB_MODULE(_edgespec_native, m) {
         "kv_heads"_a, "head_dim"_a, "dims"_a, "traditional"_a, "mscale"_a, "scale"_a,
         "A q|k|v product (M, (heads + 2 kv_heads) head_dim) split into q, k, v (1, heads, M, D) "
         "with RoPE on q and k (rope_norm.h).");
+  auto block_shape = [](int hidden, int heads, int kv_heads, int head_dim, int intermediate,
+                        int rope_dims, bool traditional, float mscale, float rope_scale, float eps,
+                        float attn_scale, const std::vector<std::vector<int>>& quant, bool q8,
+                        bool dual) {
+    edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
+                                  traditional, mscale, rope_scale, eps, attn_scale, {}, q8, dual};
+    if (!quant.empty() && quant.size() != 4)
+      throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits) pairs");
+    for (size_t p = 0; p < quant.size(); ++p) {
+      if (quant[p].size() != 2)
+        throw std::invalid_argument("decoder_block: quant takes (group size, bits) pairs");
+      s.quant[p][0] = quant[p][0];
+      s.quant[p][1] = quant[p][1];
+    }
+    return s;
+  };
   m.def(
       "decoder_block",
-      [](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads,
-         int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
-         float mscale, float rope_scale, float eps, float attn_scale,
-         const std::vector<std::vector<int>>& quant, bool q8, int64_t slots, int64_t key_start,
-         int64_t window, bool dual) {
-        edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
-                                      traditional, mscale, rope_scale, eps, attn_scale, {}, q8,
-                                      dual};
-        if (!quant.empty() && quant.size() != 4)
-          throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits) pairs");
-        for (size_t p = 0; p < quant.size(); ++p) {
-          if (quant[p].size() != 2)
-            throw std::invalid_argument("decoder_block: quant takes (group size, bits) pairs");
-          s.quant[p][0] = quant[p][0];
-          s.quant[p][1] = quant[p][1];
-        }
-        return edgespec_native::decoder_block_op(arrays, s, slots, key_start, window);
+      [block_shape](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads,
+                    int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
+                    float mscale, float rope_scale, float eps, float attn_scale,
+                    const std::vector<std::vector<int>>& quant, bool q8, int64_t slots,
+                    int64_t key_start, int64_t window, bool dual) {
+        auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
+                             traditional, mscale, rope_scale, eps, attn_scale, quant, q8, dual);
+        if (arrays.empty()) throw std::invalid_argument("decoder_block: needs x first");
+        const int64_t rows = arrays[0].ndim() ? arrays[0].shape(-2) : 0;
+        return edgespec_native::decoder_block_op(arrays, s, {{rows, slots, key_start, window}});
       },
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
       "quant"_a, "q8"_a, "slots"_a, "key_start"_a, "window"_a, "dual"_a = false,
       "A pre-norm decoder block over N <= 64 tokens as one operation (block.h): returns (out, "
       "keys, values); dual: the EAGLE-3 head's layer (x = embedding | hidden state).");
+  m.def(
+      "decoder_block_many",
+      [block_shape](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads,
+                    int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
+                    float mscale, float rope_scale, float eps, float attn_scale,
+                    const std::vector<std::vector<int>>& quant, bool q8,
+                    const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
+                    const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows) {
+        auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
+                             traditional, mscale, rope_scale, eps, attn_scale, quant, q8, false);
+        if (slots.size() != rows.size() || key_starts.size() != rows.size() ||
+            windows.size() != rows.size())
+          throw std::invalid_argument(
+              "decoder_block_many: rows, slots, key_starts and windows need one entry per "
+              "sequence");
+        std::vector<edgespec_native::SegmentSpec> segs;
+        for (size_t g = 0; g < rows.size(); ++g)
+          segs.push_back({rows[g], slots[g], key_starts[g], windows[g]});
+        return edgespec_native::decoder_block_op(arrays, s, segs);
+      },
+      "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
+      "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
+      "quant"_a, "q8"_a, "rows"_a, "slots"_a, "key_starts"_a, "windows"_a,
+      "decoder_block over several sequences' rows in one operation (block.h): each sequence's "
+      "rows attend to its own cache (arrays: decoder_block's, then keys and values of each "
+      "sequence after the first); returns (out, keys_1, values_1, keys_2, values_2, ...).");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

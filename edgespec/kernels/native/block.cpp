@@ -43,16 +43,24 @@ struct Weights {
   int group_size = 0, bits = 0;
 };
 
+// One sequence's rows of a forward: rows [row0, row0 + n) of x attend to this cache (read
+// only: head h, row t at h * X_h + t * X_t, `slots` committed rows) and to each other under
+// the TreeMask rows anc/qpos [row0, row0 + n) (key_start, window).
+struct Segment {
+  int64_t row0, n, slots, key_start, window;
+  const float *keys, *values;
+  int64_t k_h, k_t, v_h, v_t;
+};
+
 struct BlockJob {
   BlockShape s;
-  int64_t N, slots, key_start, window;
+  int64_t N;
   bool q8;
   const float *x, *inv_freq, *n1, *n2, *bqkv, *bgu, *bd;
   Weights w[4];
   const uint32_t* anc;
   const int32_t* qpos;
-  const float *keys, *values;  // the cache, read only: head h, row t at h * X_h + t * X_t
-  int64_t k_h, k_t, v_h, v_t;
+  std::vector<Segment> segs;  // in row order, covering [0, N)
   float *out, *k_rows, *v_rows;  // (N, H) and this forward's (kv_heads, N, D) keys/values
 };
 
@@ -129,15 +137,21 @@ void run_block(const BlockJob& j) {
              N * D, D, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
              s.rope_scale};
   qkv_rope_rows(r);
-  // attention over the committed rows (the cache) and the new ones
-  AttnArgs a{q, j.keys, j.values, attn, j.anc, j.qpos,
-             N, j.slots + N, j.slots, s.heads, s.kv_heads, D, j.key_start, j.window,
-             s.attn_scale, 0.0f, N * D, D, j.k_h, j.k_t, j.v_h, j.v_t,
-             j.k_rows, j.v_rows, N * D, D, N * D, D};
-  run_tree_attention(a, true);
-  for (int64_t h = 0; h < s.heads; ++h)  // (heads, N, D) -> (N, heads * D)
-    for (int64_t i = 0; i < N; ++i)
-      std::memcpy(attn_rows + i * nq + h * D, attn + (h * N + i) * D, D * sizeof(float));
+  // attention, each sequence over its committed rows (its cache) and its new ones; a
+  // segment's output is (heads, n, D) at attn + row0 * nq
+  for (const Segment& g : j.segs) {
+    const int64_t n = g.n, at = g.row0;
+    float* seg_attn = attn + at * nq;
+    AttnArgs a{q + at * D, g.keys, g.values, seg_attn, j.anc + 2 * at, j.qpos + at,
+               n, g.slots + n, g.slots, s.heads, s.kv_heads, D, g.key_start, g.window,
+               s.attn_scale, 0.0f, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
+               j.k_rows + at * D, j.v_rows + at * D, N * D, D, N * D, D};
+    run_tree_attention(a, true);
+    for (int64_t h = 0; h < s.heads; ++h)  // (heads, n, D) -> (n, heads * D)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(attn_rows + (at + i) * nq + h * D, seg_attn + (h * n + i) * D,
+                    D * sizeof(float));
+  }
   // o_proj and the residual
   product(j.w[O], j.q8, attn_rows, N, nq, hdn, H);
   const float* res = j.x + (K - H);  // the residual: x, or x's hidden half (dual)
@@ -176,15 +190,18 @@ mx::array row_contiguous_copy(const mx::array& in, mx::cpu::CommandEncoder& enco
 }  // namespace
 
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
-                                        int64_t slots, int64_t key_start, int64_t window) {
+                                        const std::vector<SegmentSpec>& segs) {
   const int H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
   const int K = s.dual ? 2 * H : H;  // x's width
   const int rows[4] = {nqkv, H, 2 * I, H}, cols[4] = {K, nq, H, I};
-  size_t count = WEIGHTS;
-  for (const auto& q : s.quant) count += q[1] ? 3 : 1;
-  check(in.size() == count, "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, "
-                            "then each product's weights (1 float array, or 3 when quantized)");
+  check(!segs.empty(), "needs at least one sequence");
+  size_t weights_end = WEIGHTS;
+  for (const auto& q : s.quant) weights_end += q[1] ? 3 : 1;
+  check(in.size() == weights_end + 2 * (segs.size() - 1),
+        "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, then each "
+        "product's weights (1 float array, or 3 when quantized), then keys and values of each "
+        "sequence after the first");
   for (int i = 0; i < WEIGHTS; ++i)
     check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
           "arrays must be float32 (anc uint32, qpos int32)");
@@ -195,11 +212,20 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   const int N = x.shape(-2);
   check(N >= 1 && N <= 64, "1..64 tokens");
   check(D >= 1 && D <= 256, "head_dim 1..256");
-  const auto& k = in[KEYS];
-  check(k.ndim() == 4 && k.shape(0) == 1 && k.shape(1) == s.kv_heads && k.shape(3) == D &&
-            in[VALUES].shape() == k.shape(),
-        "keys and values must be (1, kv_heads, capacity, head_dim)");
-  check(slots >= 0 && slots + N <= k.shape(2), "the cache has no room for the new rows");
+  int64_t total = 0;
+  for (size_t g = 0; g < segs.size(); ++g) {
+    const auto& k = in[g ? weights_end + 2 * (g - 1) : KEYS];
+    const auto& v = in[g ? weights_end + 2 * (g - 1) + 1 : VALUES];
+    check(k.dtype() == mx::float32 && v.dtype() == mx::float32, "keys/values must be float32");
+    check(k.ndim() == 4 && k.shape(0) == 1 && k.shape(1) == s.kv_heads && k.shape(3) == D &&
+              v.shape() == k.shape(),
+          "keys and values must be (1, kv_heads, capacity, head_dim)");
+    check(segs[g].rows >= 1, "every sequence needs at least one row");
+    check(segs[g].slots >= 0 && segs[g].slots + segs[g].rows <= k.shape(2),
+          "the cache has no room for the new rows");
+    total += segs[g].rows;
+  }
+  check(total == N, "the sequences' rows must add up to x's");
   check(in[ANC].ndim() == 2 && in[ANC].shape(0) == N && in[ANC].shape(1) == 2 &&
             in[QPOS].ndim() == 1 && in[QPOS].shape(0) == N,
         "anc (N, 2) and qpos (N,)");
@@ -243,16 +269,25 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   out_shape.back() = H;
   auto outs = mx::array::make_arrays({out_shape, new_rows, new_rows},
                                      {mx::float32, mx::float32, mx::float32},
-                                     std::make_shared<DecoderBlock>(st, s, slots, key_start, window),
-                                     in);
+                                     std::make_shared<DecoderBlock>(st, s, segs), in);
   // The new rows go into the cache buffers by MLX's slice update, which writes them in place
   // when the buffer is the cache's alone (the KVCache has let go of it, nothing views it) and
   // copies it otherwise. The block's own outputs could not do that: MLX holds a multi-output
   // operation's inputs once per output, so its inputs are never donatable.
-  const mx::Shape start{0, 0, static_cast<int>(slots), 0};
-  const mx::Shape stop{1, s.kv_heads, static_cast<int>(slots) + N, D};
-  return {outs[0], mx::slice_update(k, outs[1], start, stop, st),
-          mx::slice_update(in[VALUES], outs[2], start, stop, st)};
+  std::vector<mx::array> result{outs[0]};
+  int row0 = 0;
+  for (size_t g = 0; g < segs.size(); ++g) {
+    const int n = static_cast<int>(segs[g].rows), slots = static_cast<int>(segs[g].slots);
+    const size_t ki = g ? weights_end + 2 * (g - 1) : KEYS;
+    const mx::Shape start{0, 0, slots, 0}, stop{1, s.kv_heads, slots + n, D};
+    auto rows_of = [&](const mx::array& a) {
+      return segs.size() == 1 ? a : mx::slice(a, {0, 0, row0, 0}, {1, s.kv_heads, row0 + n, D}, st);
+    };
+    result.push_back(mx::slice_update(in[ki], rows_of(outs[1]), start, stop, st));
+    result.push_back(mx::slice_update(in[ki + 1], rows_of(outs[2]), start, stop, st));
+    row0 += n;
+  }
+  return result;
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
@@ -264,21 +299,24 @@ std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>&
 
 bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderBlock&>(other);
-  return shape_ == o.shape_ && slots_ == o.slots_ && key_start_ == o.key_start_ &&
-         window_ == o.window_;
+  return shape_ == o.shape_ && segs_ == o.segs_;
 }
 
 void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : given) encoder.set_input_array(a);
-  // The small inputs row-contiguous (the weights were checked), the cache with a contiguous
-  // last axis: it is read through its other strides (a sliding window's compacted cache is a
-  // view); no KVCache makes one whose head_dim axis is strided, but a view could.
+  size_t weights_end = WEIGHTS;
+  for (const auto& q : shape_.quant) weights_end += q[1] ? 3 : 1;
+  // The small inputs row-contiguous (the weights were checked), the caches with a contiguous
+  // last axis: they are read through their other strides (a sliding window's compacted cache
+  // is a view); no KVCache makes one whose head_dim axis is strided, but a view could.
   std::vector<mx::array> inputs = given;
-  for (int i : {X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES}) {
-    const bool readable = i == KEYS || i == VALUES ? inputs[i].strides()[3] == 1
-                                                   : inputs[i].flags().row_contiguous;
+  std::vector<int> small{X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES};
+  for (size_t i = weights_end; i < inputs.size(); ++i) small.push_back(static_cast<int>(i));
+  for (int i : small) {
+    const bool cache = i == KEYS || i == VALUES || i >= static_cast<int>(weights_end);
+    const bool readable = cache ? inputs[i].strides()[3] == 1 : inputs[i].flags().row_contiguous;
     if (inputs[i].size() && !readable) {
       inputs[i] = row_contiguous_copy(inputs[i], encoder);
       encoder.add_temporary(inputs[i]);
@@ -289,13 +327,20 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
     encoder.set_output_array(o);
   }
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
-  const auto &ks = inputs[KEYS].strides(), &vs = inputs[VALUES].strides();
-  BlockJob job{shape_, int64_t(inputs[X].shape(-2)), slots_, key_start_, window_, shape_.q8,
+  BlockJob job{shape_, int64_t(inputs[X].shape(-2)), shape_.q8,
                ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
-               inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(),
-               inputs[KEYS].data<float>(), inputs[VALUES].data<float>(), int64_t(ks[1]),
-               int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2]), outputs[0].data<float>(),
-               outputs[1].data<float>(), outputs[2].data<float>()};
+               inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(), {},
+               outputs[0].data<float>(), outputs[1].data<float>(), outputs[2].data<float>()};
+  int64_t row0 = 0;
+  for (size_t g = 0; g < segs_.size(); ++g) {
+    const auto& k = inputs[g ? weights_end + 2 * (g - 1) : KEYS];
+    const auto& v = inputs[g ? weights_end + 2 * (g - 1) + 1 : VALUES];
+    const auto &ks = k.strides(), &vs = v.strides();
+    job.segs.push_back({row0, segs_[g].rows, segs_[g].slots, segs_[g].key_start,
+                        segs_[g].window, k.data<float>(), v.data<float>(), int64_t(ks[1]),
+                        int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2])});
+    row0 += segs_[g].rows;
+  }
   for (int p = 0, at = WEIGHTS; p < 4; ++p) {
     Weights& w = job.w[p];
     if (shape_.quant[p][1] == 0) {
@@ -309,7 +354,7 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
       at += 3;
     }
   }
-  encoder.dispatch([job]() { run_block(job); });
+  encoder.dispatch([job = std::move(job)]() { run_block(job); });
 }
 
 void DecoderBlock::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

@@ -28,6 +28,8 @@
 // (out (N, hidden)). Its twin is Eagle3Head.step's module path.
 #pragma once
 
+#include <vector>
+
 #include "mlx/array.h"
 #include "mlx/primitives.h"
 
@@ -47,17 +49,25 @@ struct BlockShape {
   bool operator==(const BlockShape&) const = default;
 };
 
-// Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes.
+// One sequence of a forward over several (decoder_block_many): its rows (consecutive, in
+// order), its cache's committed rows, and its TreeMask's key_start and window (0: none).
+struct SegmentSpec {
+  int64_t rows, slots, key_start, window;
+  bool operator==(const SegmentSpec&) const = default;
+};
+
+// Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes. One segment:
+// the single-sequence op above. Several: arrays continue after the weights with the keys and
+// values of sequences 2, 3, ...; anc and qpos hold every row's, each sequence's tree bits
+// relative to its own first row; the result is (out, keys_1', values_1', keys_2', ...).
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
-                                        const BlockShape& shape, int64_t slots,
-                                        int64_t key_start, int64_t window);
+                                        const BlockShape& shape,
+                                        const std::vector<SegmentSpec>& segs);
 
 class DecoderBlock : public mx::Primitive {
  public:
-  DecoderBlock(mx::Stream stream, BlockShape shape, int64_t slots, int64_t key_start,
-               int64_t window)
-      : mx::Primitive(stream), shape_(shape), slots_(slots), key_start_(key_start),
-        window_(window) {}
+  DecoderBlock(mx::Stream stream, BlockShape shape, std::vector<SegmentSpec> segs)
+      : mx::Primitive(stream), shape_(shape), segs_(std::move(segs)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -68,7 +78,7 @@ class DecoderBlock : public mx::Primitive {
 
  private:
   BlockShape shape_;
-  int64_t slots_, key_start_, window_;
+  std::vector<SegmentSpec> segs_;
 };
 
 }  // namespace edgespec_native

@@ -1,0 +1,233 @@
+"""Continuous batching: several decodings stepped together, sharing each target forward.
+
+Contract: ``Batch.round()`` advances every decoding in it by at most one step and returns what
+they produced: each decoding's :class:`~edgespec.engine.Step` (at most one a round), its end, or
+its failure. The forwards the decodings ask for in a round are scored together where they can
+be (``targets/batched.score_many``: each sequence's rows get the bits they get alone), in
+forwards of at most ``max_rows`` rows; prefill chunks, and forwards through a drafter's lower
+layers, run alone, one per decoding per round, so a long prompt joining does not stall the
+others for its whole prefill. A decoding joins with ``add`` before any round and leaves when it
+ends, fails or is dropped (``drop``: a cancelled request or a client gone; its generator is
+closed at once).
+
+Each decoding keeps its own drafter, cache, stats and random stream, and the forwards it is
+sent are the ones it would compute alone, so its greedy tokens are those of the same request
+decoded alone, and a seeded sampled request draws the same tokens whatever runs beside it.
+
+**The row budget.** Alone, a decoding drafts as its drafter chooses (the whole tree). With
+others, the policy sets each decoding's ``rows`` (tree nodes, root included) before it
+proposes:
+
+- ``shared`` (the default): each decoding's k-th drafted row is worth p^k expected accepted
+  tokens, p its own acceptance rate so far (accepted tokens over accepted tokens plus steps
+  that rejected a draft, from a prior of 2 in 3); the round takes the most valuable rows of
+  all decodings for the total R that maximises expected tokens per ms on the target's
+  measured verify-cost curve (``targets/cost.py``), R at most ``max_rows``;
+- ``plain``: one row each (no speculation while others decode);
+- ``full``: every decoding drafts as if alone (forwards split at ``max_rows`` rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import Decoding, Need, Step
+from .kernels.backend import SMALL_M_MAX
+from .targets.batched import score_many
+from .targets.cost import CostCurve
+from .targets.target import Target
+
+POLICIES = ("shared", "plain", "full")
+_PRIOR_ACCEPTED, _PRIOR_REJECTED = 2.0, 1.0
+
+
+@dataclass
+class Ended:
+    """A decoding's generator returned (its last Step carried the finish reason)."""
+
+
+@dataclass
+class Crashed:
+    """A decoding raised: ``error`` (the others go on)."""
+
+    error: BaseException
+
+
+class _Slot:
+    """A decoding in the batch: what to send it next, a Step it produced past this round's,
+    and its acceptance record."""
+
+    def __init__(self, d: Decoding):
+        self.d = d
+        self.sent = None  # the output of the forward it asked for, sent on its next advance
+        self.held: Step | None = None  # a second step produced in one round (pipelined)
+        self.accepted, self.rejected = _PRIOR_ACCEPTED, _PRIOR_REJECTED
+
+    @property
+    def p(self) -> float:
+        if self.d.drafter is None:
+            return 0.0
+        return self.accepted / (self.accepted + self.rejected)
+
+    def saw(self, step: Step) -> None:
+        self.accepted += step.accepted
+        self.rejected += step.accepted < step.proposed
+
+
+class Batch:
+    """The decodings of one target being stepped together (one thread: the worker's)."""
+
+    def __init__(self, target: Target, curve: Callable[[], CostCurve | None] = lambda: None,
+                 policy: str = "shared", max_rows: int = SMALL_M_MAX,
+                 waiting: Callable[[], bool] = lambda: False):
+        if policy not in POLICIES:
+            raise ValueError(f"batch policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        self.target, self.policy, self.max_rows = target, policy, max_rows
+        self._curve, self._curve_fn = None, curve
+        self.waiting = waiting  # whether a decoding is about to join (then none is alone)
+        self.slots: list[_Slot] = []
+        self.forwards = 0  # target forwards run (shared ones count once)
+        self.shared_rows = 0  # rows scored in forwards shared by two decodings or more
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def add(self, d: Decoding) -> None:
+        d.alone = lambda: len(self.slots) == 1 and not self.waiting()
+        self.slots.append(_Slot(d))
+
+    def drop(self, d: Decoding) -> None:
+        """Take ``d`` out now and close its generator (its cache stays consistent: commits
+        happen only after a forward's output arrives)."""
+        for s in self.slots:
+            if s.d is d:
+                self.slots.remove(s)
+                d.gen.close()
+                return
+
+    def round(self) -> list[tuple[Decoding, Step | Ended | Crashed]]:
+        events: list[tuple[Decoding, Step | Ended | Crashed]] = []
+        self._share_rows()
+        needs: list[tuple[_Slot, Need]] = []
+        for s in list(self.slots):
+            need = self._advance(s, events)
+            if need is not None:
+                needs.append((s, need))
+        self._run(needs, events)
+        return events
+
+    def _advance(self, s: _Slot, events: list) -> Need | None:
+        """Run ``s``'s decoding up to its next forward, emitting at most one step."""
+        emitted = 0
+        try:
+            if s.held is not None:
+                item, s.held = s.held, None
+            else:
+                item, s.sent = s.d.gen.send(s.sent), None
+            while not isinstance(item, Need):
+                if emitted:
+                    s.held = item  # a pipelined run's next step: next round's
+                    return None
+                events.append((s.d, item))
+                s.saw(item)
+                emitted += 1
+                if item.finish_reason is not None:
+                    self._end(s, events, None)
+                    return None
+                item = s.d.gen.send(None)
+            return item
+        except StopIteration:
+            self._end(s, events, Ended())
+        except Exception as e:  # noqa: BLE001 - one decoding's failure is its own
+            self._end(s, events, Crashed(e))
+        return None
+
+    def _end(self, s: _Slot, events: list, event) -> None:
+        self.slots.remove(s)
+        s.d.gen.close()
+        if event is not None:
+            events.append((s.d, event))
+
+    def _run(self, needs: list[tuple[_Slot, Need]], events: list) -> None:
+        shareable = [(s, n) for s, n in needs if n.part is not None]
+        for s, n in needs:
+            if n.part is None:
+                self._answer(s, n.run, events)
+        group: list[tuple[_Slot, Need]] = []
+        rows = 0
+        for s, n in shareable:
+            size = len(n.part.ids)
+            if group and rows + size > self.max_rows:
+                self._score(group, events)
+                group, rows = [], 0
+            group.append((s, n))
+            rows += size
+        if group:
+            self._score(group, events)
+
+    def _score(self, group: list[tuple[_Slot, Need]], events: list) -> None:
+        if len(group) == 1:
+            self._answer(group[0][0], group[0][1].run, events)
+            return
+        try:
+            outs = score_many(self.target, [n.part for _, n in group])
+        except Exception:  # noqa: BLE001 - score each alone: only a faulty one fails
+            for s, n in group:
+                self._answer(s, n.run, events)
+            return
+        self.forwards += 1
+        self.shared_rows += sum(len(n.part.ids) for _, n in group)
+        for (s, _), out in zip(group, outs):
+            s.sent = out
+
+    def _answer(self, s: _Slot, run, events: list) -> None:
+        try:
+            s.sent = run()
+            self.forwards += 1
+        except Exception as e:  # noqa: BLE001
+            self._end(s, events, Crashed(e))
+
+    def _share_rows(self) -> None:
+        """Set every decoding's ``rows`` for the step it proposes next (the policy above)."""
+        slots = self.slots
+        if len(slots) <= 1 or self.policy == "full":
+            for s in slots:
+                s.d.rows = None
+            return
+        if self.policy == "plain":
+            for s in slots:
+                s.d.rows = 1
+            return
+        if self._curve is None:
+            self._curve = self._curve_fn()  # once it is had (measured once per machine)
+        counts = share(np.array([s.p for s in slots]), self._curve, self.max_rows)
+        for s, k in zip(slots, counts):
+            s.d.rows = int(k)
+
+
+def share(p: np.ndarray, curve: CostCurve | None, max_rows: int) -> np.ndarray:
+    """Rows per decoding (each at least 1, in all at most ``max_rows``) maximising expected
+    committed tokens per ms: decoding i's k-th drafted row is worth p[i]**k; the rows taken are
+    the most valuable ones. Without a cost curve, every row up to ``max_rows`` is taken while
+    it is worth anything."""
+    n = len(p)
+    extra = max_rows - n
+    if extra <= 0:
+        return np.ones(n, dtype=np.int64)
+    k = np.arange(1, extra + 1)
+    values = np.asarray(p, dtype=np.float64)[:, None] ** k[None, :]  # (n, extra)
+    order = np.argsort(-values, axis=None, kind="stable")[:extra]
+    flat = values.ravel()[order]
+    owner = order // extra
+    expected = n + np.concatenate([[0.0], np.cumsum(flat)])
+    if curve is None:
+        take = int(np.count_nonzero(flat > 0))
+    else:
+        cost = curve.ms_range(n, extra + 1)
+        take = int(np.argmax(expected / cost))
+    counts = np.ones(n, dtype=np.int64)
+    np.add.at(counts, owner[:take], 1)
+    return counts

@@ -1,0 +1,103 @@
+"""Scoring several sequences in one target forward: each with its own cache, tree and context.
+
+Contract: ``score_many(target, parts)`` returns, for each :class:`Part`, what
+``target.score(part.tokens, part.cache, capture=part.capture)`` returns, and leaves each cache
+as that call would (its rows in its scratch slots, nothing committed). Where the whole forward
+can run through the native decoder block (``can_share``), the sequences' rows go through every
+block as one operation (``native/block.h``: the four products read each weight once for all
+rows; each sequence attends to its own cache under its own tree mask), and the LM head takes
+all rows at once. Every step of that operation is computed row by row, so each row gets the
+bits it gets when its sequence is scored alone. Elsewhere (models whose blocks do not all run
+natively, hybrid caches, sliding windows, Metal, more rows than the native block takes) the
+parts are scored one after another: the same results, without the sharing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..cache import KVCache
+from ..kernels.backend import (SMALL_M_MAX, metal_kernels, use_native_block,
+                               use_native_tree_attention, use_quantized_small_matmul,
+                               use_small_matmul)
+from ..kernels.tree_mask import tree_mask
+from ..tree import DraftTree
+from .target import Target, TargetOutput
+
+
+@dataclass
+class Part:
+    """One sequence's share of a forward: a chain or tree after ``cache``'s committed tokens."""
+
+    tokens: DraftTree | list[int]
+    cache: KVCache
+    capture: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self.tokens.tokens if isinstance(self.tokens, DraftTree) else self.tokens)
+
+
+def can_share(target: Target, parts: Sequence[Part]) -> bool:
+    """Whether ``parts`` can be scored in one native forward (see the module docstring)."""
+    if len(parts) < 2 or sum(len(p.ids) for p in parts) > SMALL_M_MAX:
+        return False
+    if metal_kernels() != "off" or not use_native_tree_attention() or not use_native_block():
+        return False
+    if not target.model.native_blocks():
+        return False
+    for p in parts:
+        c = p.cache
+        if type(c) is not KVCache or c.num_layers != target.num_layers or len(set(c.mask_groups())) != 1:
+            return False
+    return True
+
+
+def score_many(target: Target, parts: Sequence[Part]) -> list[TargetOutput]:
+    """Score every part (see the module docstring)."""
+    if not can_share(target, parts):
+        return [target.score(p.tokens, p.cache, capture=p.capture) for p in parts]
+    masks, caches, rows = [], [], []
+    for p in parts:
+        tree = p.tokens if isinstance(p.tokens, DraftTree) else None
+        n = len(p.ids)
+        p.cache.reserve(n, tree)
+        window, start = p.cache.mask_groups()[0]
+        chain = tree is None or tree.is_chain
+        masks.append(tree_mask(None if chain else tree, n, start, p.cache.offset, window))
+        caches.append(p.cache)
+        rows.append(n)
+    tokens = mx.array(np.concatenate([np.asarray(p.ids, dtype=np.int32) for p in parts]))[None]
+    capture = sorted({i for p in parts for i in p.capture})
+    x, captured = target.model.run_many(tokens, masks, caches, capture)
+    x = x[0]
+    shared = target.logits(x) if _head_rows_exact(target, rows) else None
+    outs, a = [], 0
+    for p, n in zip(parts, rows):
+        h = x[a : a + n]
+        logits = shared[a : a + n] if shared is not None else target.logits(h)
+        outs.append(TargetOutput(logits, h, {i: captured[i][0, a : a + n] for i in p.capture}))
+        a += n
+    return outs
+
+
+def _head_rows_exact(target: Target, rows: list[int]) -> bool:
+    """Whether the LM head over all rows gives each sequence's rows the bits of its own call:
+    the native kernels (row by row) run for every part's row count and for the total. Where
+    the backend picks MLX's product for some count (small heads), each part takes its own."""
+    model = target.model
+    head = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
+    counts = [*rows, sum(rows)]
+    if type(head) in (nn.Embedding, nn.Linear) and "bias" not in head \
+            and head.weight.dtype == mx.float32:
+        v, h = head.weight.shape
+        return all(use_small_matmul(m, v, h) for m in counts)
+    if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in head \
+            and head.mode == "affine":
+        return all(use_quantized_small_matmul(m, head.group_size, head.bits) for m in counts)
+    return False

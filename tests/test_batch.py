@@ -1,0 +1,146 @@
+"""Continuous batching (batch.py): decodings stepped together give each request exactly what it
+gives alone: greedy tokens for every drafter, mixed in one batch with requests joining at
+different steps and others cancelled mid-way; seeded sampled tokens whatever runs beside them;
+grammar-constrained output. The forwards are really shared (rows counted), and the row budget
+gives rows where they are worth most."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec import Engine, SamplingConfig
+from edgespec.batch import Batch, Crashed, Ended, share
+from edgespec.grammar import Grammar, GrammarRule
+from edgespec.targets.cost import CostCurve
+
+from .test_lossless import DRAFTERS, MODEL, prompt_ids
+
+GREEDY_METHODS = ["none", "lookup", "draft", "early-exit", "eagle3", "medusa", "corpus", "auto",
+                  "lookahead"]
+N = 12
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models):
+    target = tiny_models.load(**MODEL)
+    draft = tiny_models.load(**{**MODEL, "scale": 1.3})
+    return target, draft, prompt_ids(target)
+
+
+def _prompts(target, base: list[int], k: int) -> list[list[int]]:
+    """``k`` different prompts: the lossless tests' prompt with different tails."""
+    rng = np.random.default_rng(7)
+    return [base[: len(base) - 2 * i] + [int(t) for t in rng.integers(4, 200, size=i)]
+            for i in range(k)]
+
+
+def _alone(target, draft, method, ids, sampling=None, rules=None, max_tokens=N):
+    s = sampling or SamplingConfig()
+    engine = Engine(target, DRAFTERS[method](target, draft, s), s)
+    return engine.generate(ids, max_tokens=max_tokens, rules=rules).token_ids
+
+
+def _together(target, draft, jobs, joins=None, cancel=None, policy="shared"):
+    """Run ``jobs`` ((method, ids, sampling, rules) each) in one Batch; job i joins at round
+    ``joins[i]``; job ``cancel`` is dropped after its first step. Returns each job's tokens."""
+    engine = Engine(target)
+    batch = Batch(target, lambda: CostCurve((1, 8, 32), (10.0, 11.0, 16.0)), policy)
+    joins = joins or [0] * len(jobs)
+    decodings, tokens, ended = [], [[] for _ in jobs], set()
+    for method, ids, s, rules in jobs:
+        s = s or SamplingConfig()
+        decodings.append(engine.start(ids, max_tokens=N, sampling=s, rules=rules,
+                                      drafter=DRAFTERS[method](target, draft, s),
+                                      cache=(target.make_cache(), 0)))
+    index = {id(d): i for i, d in enumerate(decodings)}
+    r = 0
+    while len(ended) < len(jobs):
+        for i, d in enumerate(decodings):
+            if joins[i] == r:
+                batch.add(d)
+        for d, event in batch.round():
+            i = index[id(d)]
+            assert not isinstance(event, Crashed), event.error
+            if isinstance(event, Ended):
+                ended.add(i)
+                continue
+            tokens[i] += event.token_ids
+            if event.finish_reason is not None:
+                ended.add(i)
+            elif i == cancel:
+                batch.drop(d)
+                ended.add(i)
+        r += 1
+        assert r < 10 * N * len(jobs), "the batch stopped making progress"
+    return tokens, batch
+
+
+def test_every_drafter_in_one_batch_gives_its_alone_tokens(setup):
+    target, draft, base = setup
+    prompts = _prompts(target, base, len(GREEDY_METHODS))
+    jobs = [(m, p, None, None) for m, p in zip(GREEDY_METHODS, prompts)]
+    joins = [0, 0, 1, 3, 0, 5, 2, 0, 4]
+    got, batch = _together(target, draft, jobs, joins, cancel=6)
+    assert batch.shared_rows > 0  # forwards were shared
+    for i, (m, p, _, _) in enumerate(jobs):
+        want = _alone(target, draft, m, p)
+        if i == 6:  # cancelled after its first step: a prefix of its alone tokens
+            assert got[i] and want[: len(got[i])] == got[i]
+        else:
+            assert got[i] == want, m
+
+
+@pytest.mark.parametrize("policy", ["plain", "full"])
+def test_the_fixed_policies_are_lossless_too(setup, policy):
+    target, draft, base = setup
+    prompts = _prompts(target, base, 4)
+    jobs = [(m, p, None, None) for m, p in zip(["lookup", "eagle3", "none", "medusa"], prompts)]
+    got, _ = _together(target, draft, jobs, policy=policy)
+    for (m, p, _, _), g in zip(jobs, got):
+        assert g == _alone(target, draft, m, p), m
+
+
+def test_a_seeded_sampled_request_draws_the_same_tokens_beside_others(setup):
+    target, draft, base = setup
+    prompts = _prompts(target, base, 4)
+    hot = SamplingConfig(temperature=1.0, top_k=8, seed=11)
+    other = SamplingConfig(temperature=0.8, seed=5)
+    jobs = [("eagle3", prompts[0], hot, None), ("lookup", prompts[1], other, None),
+            ("none", prompts[2], None, None), ("draft", prompts[3], hot, None)]
+    got, _ = _together(target, draft, jobs, joins=[0, 1, 0, 2])
+    assert got[0] == _alone(target, draft, "eagle3", prompts[0], hot)
+    assert got[1] == _alone(target, draft, "lookup", prompts[1], other)
+    assert got[3] == _alone(target, draft, "draft", prompts[3], hot)
+    # and beside different neighbours
+    again, _ = _together(target, draft, [jobs[0], ("medusa", prompts[2], None, None)])
+    assert again[0] == got[0]
+
+
+def test_grammar_constrained_requests_in_a_batch(setup):
+    target, draft, base = setup
+    prompts = _prompts(target, base, 3)
+    grammar = Grammar("regex", "(the|a) (cat|mat)")
+
+    def rule():
+        return GrammarRule(grammar, target.tokenizer)
+
+    jobs = [("lookup", prompts[0], None, rule()), ("none", prompts[1], None, None),
+            ("eagle3", prompts[2], None, rule())]
+    got, _ = _together(target, draft, jobs)
+    assert got[0] == _alone(target, draft, "lookup", prompts[0], rules=rule())
+    assert got[2] == _alone(target, draft, "eagle3", prompts[2], rules=rule())
+    assert target.tokenizer.decode(got[0]) in {"the cat", "the mat", "a cat", "a mat"}
+
+
+def test_rows_go_where_they_are_worth_most():
+    curve = CostCurve((1, 8, 32), (10.0, 11.0, 16.0))
+    counts = share(np.array([0.9, 0.5, 0.0]), curve, 32)
+    assert counts[2] == 1  # plain decoding drafts nothing
+    assert counts[0] > counts[1] > 1
+    assert counts.sum() <= 32
+    # a steep curve: fewer rows in all
+    steep = CostCurve((1, 8, 32), (10.0, 20.0, 80.0))
+    assert share(np.array([0.9, 0.5, 0.0]), steep, 32).sum() < counts.sum()
+    # no room beyond one row each
+    assert list(share(np.array([0.9, 0.9]), curve, 2)) == [1, 1]
