@@ -22,13 +22,18 @@ proposes:
   tokens, p its own acceptance rate so far (accepted tokens over accepted tokens plus steps
   that rejected a draft, from a prior of 2 in 3); the round takes the most valuable rows of
   all decodings for the total R that maximises expected tokens per ms on the target's
-  measured verify-cost curve (``targets/cost.py``), R at most ``max_rows``;
+  measured verify-cost curve (``targets/cost.py``), R at most ``max_rows``. That curve prices
+  the forward only, not the drafting each drafted row brings (a head's forwards, the host's
+  work): so the batch also measures what rounds give, tokens per second under this sharing
+  and under one row each, and takes the better of the two (``_Measured``: every tenth round
+  tries the other while both are measured);
 - ``plain``: one row each (no speculation while others decode);
 - ``full``: every decoding drafts as if alone (forwards split at ``max_rows`` rows).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,6 +94,7 @@ class Batch:
         self._curve, self._curve_fn = None, curve
         self.waiting = waiting  # whether a decoding is about to join (then none is alone)
         self.slots: list[_Slot] = []
+        self._measured = _Measured()
         self.forwards = 0  # target forwards run (shared ones count once)
         self.shared_rows = 0  # rows scored in forwards shared by two decodings or more
 
@@ -110,13 +116,18 @@ class Batch:
 
     def round(self) -> list[tuple[Decoding, Step | Ended | Crashed]]:
         events: list[tuple[Decoding, Step | Ended | Crashed]] = []
-        self._share_rows()
+        t0, n = time.perf_counter(), len(self.slots)
+        arm = self._measured.choose() if self.policy == "shared" and n > 1 else None
+        self._share_rows(arm)
         needs: list[tuple[_Slot, Need]] = []
         for s in list(self.slots):
             need = self._advance(s, events)
             if need is not None:
                 needs.append((s, need))
+        self._measured.credit(sum(len(e.token_ids) for _, e in events if isinstance(e, Step)))
         self._run(needs, events)
+        steady = len(self.slots) == n and all(need.part is not None for _, need in needs)
+        self._measured.ran(arm if steady else None, time.perf_counter() - t0)
         return events
 
     def _advance(self, s: _Slot, events: list) -> Need | None:
@@ -190,14 +201,14 @@ class Batch:
         except Exception as e:  # noqa: BLE001
             self._end(s, events, Crashed(e))
 
-    def _share_rows(self) -> None:
+    def _share_rows(self, arm: str | None) -> None:
         """Set every decoding's ``rows`` for the step it proposes next (the policy above)."""
         slots = self.slots
         if len(slots) <= 1 or self.policy == "full":
             for s in slots:
                 s.d.rows = None
             return
-        if self.policy == "plain":
+        if self.policy == "plain" or arm == "plain":
             for s in slots:
                 s.d.rows = 1
             return
@@ -206,6 +217,43 @@ class Batch:
         counts = share(np.array([s.p for s in slots]), self._curve, self.max_rows)
         for s, k in zip(slots, counts):
             s.d.rows = int(k)
+
+
+class _Measured:
+    """Tokens per second of the rounds run with the rows shared by value (``"model"``) and with
+    one row each (``"plain"``): an exponential average per arm of the tokens a round's forward
+    committed (they are emitted in the next round) over the round's time. Rounds where a
+    decoding joined, left or ran a forward alone (a prefill) are not counted."""
+
+    ARMS = ("model", "plain")
+    DECAY = 0.9
+    EXPLORE = 10  # every this many rounds, the arm not chosen
+
+    def __init__(self):
+        self.rate: dict[str, float | None] = {a: None for a in self.ARMS}
+        self.rounds = 0
+        self._last: tuple[str, float] | None = None  # the last counted round: (arm, seconds)
+
+    def choose(self) -> str:
+        self.rounds += 1
+        unmeasured = [a for a in self.ARMS if self.rate[a] is None]
+        if unmeasured:
+            return unmeasured[0]
+        best = max(self.ARMS, key=lambda a: self.rate[a])
+        if self.rounds % self.EXPLORE == 0:
+            return next(a for a in self.ARMS if a != best)
+        return best
+
+    def ran(self, arm: str | None, seconds: float) -> None:
+        self._last = (arm, seconds) if arm is not None and seconds > 0 else None
+
+    def credit(self, tokens: int) -> None:
+        if self._last is None:
+            return
+        arm, seconds = self._last
+        self._last = None
+        r, old = tokens / seconds, self.rate[arm]
+        self.rate[arm] = r if old is None else self.DECAY * old + (1 - self.DECAY) * r
 
 
 def share(p: np.ndarray, curve: CostCurve | None, max_rows: int) -> np.ndarray:

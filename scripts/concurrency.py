@@ -122,10 +122,10 @@ def main() -> None:
             r = run(target, method, policy, c, prompts, a.max_tokens)
             base = solo.get(method)
             r["identical_to_solo"] = None if base is None else r["outputs"] == base
+            out.append(r)
             serial = next((x for x in out if x["clients"] == 1 and x["method"] == "auto"
                            and x["policy"] == "shared"), None)
             r["vs_serial_auto"] = r["tok_s"] / serial["tok_s"] if serial else None
-            out.append(r)
             print(f"{method:5} {policy:6} c={c}  {r['tok_s']:7.1f} tok/s  "
                   f"median {r['median_ms_per_token']:6.1f} ms/token  "
                   f"x serial {r['vs_serial_auto'] or 0:.2f}  identical {r['identical_to_solo']}",

@@ -53,7 +53,10 @@ def sentences(rng: random.Random, words: int) -> str:
 def build_prompts(rng: random.Random, n: int, prefix_words: int) -> list[str]:
     """``n`` prompts of varied length; every third resends one of two long files."""
     files = [sentences(rng, prefix_words) for _ in range(2)]
-    pick = lambda t: t.format(topic=rng.choice(TOPICS), audience=rng.choice(AUDIENCES))  # noqa
+
+    def pick(template: str) -> str:
+        return template.format(topic=rng.choice(TOPICS), audience=rng.choice(AUDIENCES))
+
     prompts = []
     for i in range(n):
         if i % 3 == 0:
@@ -112,6 +115,7 @@ def one_request(http: httpx.Client, url: str, req: dict, mode: str, rng: random.
     close_after = rng.randint(1, opts.disconnect_chunks) if mode == "disconnect" else None
     timeout = rng.uniform(*opts.cancel_after) if mode == "cancel" else 600.0
     while True:
+        rec.pop("status", None)
         t0 = time.perf_counter()
         try:
             if stream:

@@ -144,3 +144,21 @@ def test_rows_go_where_they_are_worth_most():
     assert share(np.array([0.9, 0.5, 0.0]), steep, 32).sum() < counts.sum()
     # no room beyond one row each
     assert list(share(np.array([0.9, 0.9]), curve, 2)) == [1, 1]
+
+
+def test_the_measured_arm_wins_and_the_other_is_still_tried():
+    from edgespec.batch import _Measured
+
+    m = _Measured()
+    speed = {"model": 100.0, "plain": 150.0}  # tokens per second each arm's rounds give
+    chosen = []
+    for _ in range(100):
+        arm = m.choose()
+        chosen.append(arm)
+        m.ran(arm, 0.02)
+        m.credit(int(speed[arm] * 0.02))
+    assert chosen[:2] == ["model", "plain"]  # each measured once first
+    assert chosen[10:].count("plain") > 80 and "model" in chosen[10:]  # explored
+    m.ran(None, 0.02)  # a round with a join or a prefill is not counted
+    m.credit(1000)
+    assert m.rate["plain"] < 200

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from .. import __version__
 from ..engine import Step
 from ..errors import EdgespecError
-from ..worker import TICK_S, Done, Failed, GenRequest, LoopJob, Worker
+from ..worker import Done, Failed, GenRequest, LoopJob, Worker
 from . import convert
 from .errors import UnavailableError, error_response, error_status_and_body
 from .middleware import ApiKeyGuard, BodyLimit, HostGuard, host_names
@@ -48,6 +48,7 @@ from .schemas import (
 from .state import ServerState
 from .tools import chat_calls
 
+_DISCONNECT_S = 0.25  # how often a non-streamed request's client is checked while steps flow
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 429, 500, 503)}
 _ERRORS[429]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
                                            "schema": {"type": "integer"}}}
@@ -166,14 +167,14 @@ async def _answer(request: Request, worker: Worker, gen: GenRequest, fmt, stream
 async def _events(job: LoopJob, worker: Worker, request: Request | None = None) -> AsyncIterator:
     """The job's events up to the terminal one; ``None`` for each tick spent waiting.
 
-    Returns early if ``request``'s client disconnects (checked on every idle tick, and at most
-    a tick apart while steps flow, so a gone client frees its place in the batch soon);
+    Returns early if ``request``'s client disconnects (checked on every idle tick, and every
+    ``_DISCONNECT_S`` while steps flow, so a gone client frees its place in the batch soon);
     raises ``UnavailableError`` if the worker stops without answering, so no handler waits
     forever.
     """
     checked = time.monotonic()
     async for event in worker.events(job):
-        if request is not None and (event is None or time.monotonic() - checked >= TICK_S):
+        if request is not None and (event is None or time.monotonic() - checked >= _DISCONNECT_S):
             checked = time.monotonic()
             if await request.is_disconnected():
                 return
