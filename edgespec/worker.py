@@ -24,7 +24,8 @@ Contract:
   finish: no caller waits forever, and
   ``events`` / ``events_blocking`` / ``batches`` raise it if the worker ends without answering.
 - ``start(wait=False)`` returns while the model loads: jobs submitted meanwhile run once it is
-  loaded, or end with ``Failed(the loading error)`` (a UI stays responsive while it loads).
+  loaded, or end with ``Failed(the loading error)``, and ``submit`` raises the loading error
+  once it is known (a UI stays responsive while it loads).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ class Worker:
         return self._queue.qsize()
 
     def submit(self, job: Job) -> Job:
+        if self._load_error is not None:  # the model never loaded: say why, not just "stopping"
+            raise self._load_error
         if not self.alive:
             raise UnavailableError("the generation worker is stopping; the request was not run")
         if isinstance(job.request, GenRequest) and self._queue.qsize() >= self.max_queue:
