@@ -153,13 +153,11 @@ class Engine:
     def start(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
               generation: GenerationConfig | None = None,
               sampling: SamplingConfig | None = None, rules: Rules | None = None,
-              logprobs: int | None = None, drafter: Drafter | None | bool = True,
-              cache=None) -> Decoding:
+              logprobs: int | None = None, drafter: Drafter | None | bool = True) -> Decoding:
         """A :class:`Decoding` of ``prompt`` (``stream``'s arguments), not started: its
         coroutine runs nothing until driven (``alone_steps``, or a scheduler sending it the
         outputs of the forwards it asks for). ``drafter``: the decoding's own (None: plain
-        decoding; True: ``engine.drafter``). ``cache``: (a cache, how many prompt tokens it
-        holds), for a decoding that does not take the engine's reused cache."""
+        decoding; True: ``engine.drafter``)."""
         check_top(logprobs)
         given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
         gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
@@ -173,19 +171,16 @@ class Engine:
         d = Decoding(drafter, Stats(method=drafter.name if drafter else "none",
                                     prompt_tokens=len(ids)))
         d.gen = self._decode(d, ids, min(gen.max_tokens, ctx - len(ids)), gen, cfg, ruled,
-                             logprobs, cache)
+                             logprobs)
         return d
 
     def _decode(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,
-                cfg: SamplingConfig, ruled: Rules, top: int | None, given_cache) -> Generator:
-        """The decoding's coroutine; its cache goes to the prefix store when it ends, however
-        it ends, unless a forward it asked for is still unanswered or could not be undone."""
-        if given_cache is not None:
-            cache, start = given_cache
-        elif self.reuse_prefix:
-            cache, start = self.prefixes.take(ids, self.target.make_cache)
-        else:
-            cache, start = self.target.make_cache(), 0
+                cfg: SamplingConfig, ruled: Rules, top: int | None) -> Generator:
+        """The decoding's coroutine. Its cache comes from the prefix store and goes back there
+        when it ends, however it ends, unless a forward it asked for is still unanswered or
+        could not be undone (without ``reuse_prefix`` the store's budget is 0: it keeps
+        nothing, every take is a fresh cache)."""
+        cache, start = self.prefixes.take(ids, self.target.make_cache)
         held = _Held()
         try:
             yield from self._steps(d, ids, max_new, gen, cfg, ruled, top, cache, start, held)
@@ -193,7 +188,7 @@ class Engine:
             # a forward asked for and never answered wrote scratch rows only: a KV cache is as
             # it was (a hybrid cache's recurrent bookkeeping may not be)
             kept = not held.lost and (not held.asked or type(cache) is KVCache)
-            if held.seq is not None and kept and self.reuse_prefix:
+            if held.seq is not None and kept:
                 self.prefixes.put(held.seq, cache)
 
     def _steps(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,

@@ -2,7 +2,8 @@
 as a dict (``/health``).
 
 Contract:
-- The worker reports through the five calls below, from its own thread; ``render`` and
+- The worker reports through the first four calls below, from its own thread (the server
+  makes the fifth when ``/metrics`` is read, the one reader of those gauges); ``render`` and
   ``snapshot`` may run on any thread at the same time (prometheus_client's metrics are
   thread-safe; the tokens/s window has its own lock).
     - ``request_started(method)``: a generation was taken from the queue and starts decoding;

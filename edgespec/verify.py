@@ -125,26 +125,25 @@ def _accepted(tree: DraftTree, path: list[int], bonus: int) -> Accepted:
 
 def verify_greedy(tree: DraftTree, argmax: np.ndarray) -> Accepted:
     """Lossless (greedy). ``argmax[u]`` is the target's greedy token after node ``u``."""
-    u, path = 0, [0]
-    while True:
-        want = int(argmax[u])
-        nxt = next((c for c in tree.children(u) if tree.tokens[c] == want), None)
-        if nxt is None:
-            drafts = [tree.tokens[i] for i in path[1:]]
-            return Accepted(path, drafts + [want])
-        u = nxt
-        path.append(u)
+    return _follow(tree, lambda u, depth: int(argmax[u]))
 
 
 def verify_sampling_keyed(tree: DraftTree, p, seed: int, at: int) -> Accepted:
     """Lossless, reproducible (sampling). ``p[u]`` is the target's filtered distribution after
     node ``u``; the token after a node at depth d is drawn with ``keyed_uniform(seed, at + d)``."""
+    return _follow(tree, lambda u, depth: sample_at(p[u], keyed_uniform(seed, at + depth)))
+
+
+def _follow(tree: DraftTree, token_after) -> Accepted:
+    """The rules whose token after each node is fixed whatever was drafted: from the root, the
+    child drafting ``token_after(u, depth of u)`` is accepted while there is one; that token
+    after the last accepted node is the bonus."""
     u, path = 0, [0]
     while True:
-        x = sample_at(p[u], keyed_uniform(seed, at + len(path) - 1))
-        nxt = next((c for c in tree.children(u) if tree.tokens[c] == x), None)
+        want = token_after(u, len(path) - 1)
+        nxt = next((c for c in tree.children(u) if tree.tokens[c] == want), None)
         if nxt is None:
-            return Accepted(path, [tree.tokens[i] for i in path[1:]] + [x])
+            return Accepted(path, [tree.tokens[i] for i in path[1:]] + [want])
         u = nxt
         path.append(u)
 

@@ -91,6 +91,7 @@ class Worker:
         self._reuse_prefix = reuse_prefix
         self.max_concurrency, self.max_queue = max_concurrency, max_queue
         self.kv_budget_bytes = kv_budget_bytes
+        self._kv_per_token: dict[bool, int] = {}  # set once the model is loaded
         self.metrics = metrics
         self.batch_policy = batch_policy
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -229,6 +230,9 @@ class Worker:
     def _serve_queue(self) -> None:
         try:
             self.target, self.draft = self._load()
+            # one token's KV bytes: in the target's cache, and with the draft model's ('draft')
+            self._kv_per_token = {False: kv_bytes(self.target, None, 1),
+                                  True: kv_bytes(self.target, self.draft, 1)}
             engine = Engine(self.target, reuse_prefix=self._reuse_prefix,
                             prefix_budget_bytes=self.kv_budget_bytes or PREFIX_BUDGET_BYTES)
         except BaseException as e:  # noqa: BLE001 - handed to start()'s caller, which re-raises it
@@ -260,7 +264,6 @@ class Worker:
                     break
             self._next = None
             if job is None:  # stop: the running generations finish, nothing more is taken
-                self._next = None
                 self._draining = True
                 break
             if isinstance(job.request, Call):
@@ -290,8 +293,6 @@ class Worker:
                 self.metrics.request_started(d.stats.method)
         self.active = len(running)
         self.busy = bool(running)
-        if self.metrics is not None:
-            self.metrics.queue(self.queued, self.active)
         return bool(running) or not self._draining
 
     def _start(self, engine: Engine, job: Job, running: dict) -> Decoding:
@@ -304,12 +305,15 @@ class Worker:
         return engine.start(r.prompt, generation=r.generation, sampling=r.sampling, rules=rules,
                             logprobs=r.logprobs, drafter=drafter)
 
-    def _kv_need(self, request: GenRequest) -> int:
-        """The KV cache bytes a request may grow to: prompt + max_tokens (and the draft
-        model's cache for 'draft')."""
+    def kv_per_token(self, method: str) -> int:
+        """Bytes of KV cache one token takes for a request of ``method`` (the draft model's
+        cache too for 'draft'); known once the model is loaded."""
+        return self._kv_per_token[method == "draft"]
+
+    def kv_need(self, request: GenRequest) -> int:
+        """The KV cache bytes a request may grow to: prompt + max_tokens."""
         tokens = len(request.prompt) + request.generation.max_tokens
-        return kv_bytes(self.target, self.draft if request.spec.method == "draft" else None,
-                        tokens)
+        return tokens * self.kv_per_token(request.spec.method)
 
     def _fits(self, job: Job, running: dict) -> bool:
         """Whether the job's KV cache fits the budget beside the running requests' (no budget:
@@ -317,17 +321,18 @@ class Worker:
         before it is queued (the server's 413)."""
         if not self.kv_budget_bytes:
             return True
-        used = sum(self._kv_need(j.request) for j, _ in running.values())
-        return used + self._kv_need(job.request) <= self.kv_budget_bytes
+        used = sum(self.kv_need(j.request) for j, _ in running.values())
+        return used + self.kv_need(job.request) <= self.kv_budget_bytes
 
     def _fit_prefixes(self, engine: Engine, running: dict) -> None:
         """The prefix store keeps what the running requests leave of the KV budget."""
         if self.kv_budget_bytes:
-            used = sum(self._kv_need(j.request) for j, _ in running.values())
+            used = sum(self.kv_need(j.request) for j, _ in running.values())
             engine.prefixes.fit(self.kv_budget_bytes - used)
 
     def _round(self, engine: Engine, batch: Batch, running: dict) -> None:
         """One step of every running generation; their events go to their jobs."""
+        before = len(running)
         for job, d in list(running.values()):
             if job.cancelled:
                 batch.drop(d)
@@ -352,7 +357,8 @@ class Worker:
                     self._finish(running, job, d, Done(d.stats, reason))
         self.active = len(running)
         self.busy = bool(running)
-        self._fit_prefixes(engine, running)
+        if len(running) != before:  # requests ended: the prefix store may keep more
+            self._fit_prefixes(engine, running)
 
     def _finish(self, running: dict, job: Job, d: Decoding, event: Event) -> None:
         if running.pop(id(d), None) is None:

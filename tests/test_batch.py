@@ -51,8 +51,7 @@ def _together(target, draft, jobs, joins=None, cancel=None, policy="shared"):
     for method, ids, s, rules in jobs:
         s = s or SamplingConfig()
         decodings.append(engine.start(ids, max_tokens=N, sampling=s, rules=rules,
-                                      drafter=DRAFTERS[method](target, draft, s),
-                                      cache=(target.make_cache(), 0)))
+                                      drafter=DRAFTERS[method](target, draft, s)))
     index = {id(d): i for i, d in enumerate(decodings)}
     r = 0
     while len(ended) < len(jobs):

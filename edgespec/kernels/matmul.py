@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import native
-from .backend import KernelError, use_small_matmul
+from .backend import KernelError, use_quantized_small_matmul, use_small_matmul
 from .qmatmul import quantized_small_matmul
 
 
@@ -72,3 +72,16 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
     if type(module) is nn.Linear and "bias" not in module and module.weight.dtype == mx.float32:
         return small_matmul(x, module.weight)
     return module(x)
+
+
+def linear_rows_exact(module: nn.Module, m: int) -> bool:
+    """Whether ``linear(module, x)`` over ``m`` rows runs a native kernel, which computes each
+    row by itself (its bits do not depend on the rows beside it); elsewhere MLX's product,
+    whose rows may depend on how many come together."""
+    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
+            and module.mode == "affine":
+        return use_quantized_small_matmul(m, module.group_size, module.bits)
+    if type(module) in (nn.Embedding, nn.Linear) and "bias" not in module \
+            and module.weight.dtype == mx.float32:
+        return use_small_matmul(m, *module.weight.shape)
+    return False

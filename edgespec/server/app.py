@@ -86,7 +86,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
         w, s = state.worker, state.settings
-        active = _active(w)
+        active = w.active
         body = {"status": "ok" if w.alive else "stopped", "model": state.model_name,
                 "method": state.method, "methods": list(state.methods), "queued": w.queued,
                 "busy": active > 0, "active": active, **w.counts,
@@ -103,7 +103,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         """The worker's counters in the Prometheus text format."""
         if state.metrics is None:
             raise UnavailableError("this server keeps no metrics")
-        state.metrics.queue(state.worker.queued, _active(state.worker))  # fresh when scraped
+        state.metrics.queue(state.worker.queued, state.worker.active)  # read when scraped
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
 
@@ -128,11 +128,6 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         state.check_kv_budget(gen)
         fmt = CompletionFormat(state.model_name, _include_usage(body), _logprobs(gen, state))
         return await _answer(request, state.worker, gen, fmt, bool(body.stream))
-
-
-def _active(worker: Worker) -> int:
-    """Requests decoding now."""
-    return worker.active
 
 
 def _logprobs(gen: GenRequest, state: ServerState) -> LogprobFormat | None:

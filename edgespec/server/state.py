@@ -25,7 +25,7 @@ from ..drafters.default import interactive_method
 from ..errors import ConfigError
 from ..generation_defaults import model_sampling
 from ..heads.loaded import load_head_for
-from ..kv_budget import KV_BUDGET_MB, kv_bytes
+from ..kv_budget import KV_BUDGET_MB
 from ..metrics import Metrics
 from ..targets.mtp import check_mtp
 from ..worker import GenRequest, Worker, loader
@@ -115,9 +115,6 @@ class ServerState:
         if self.method not in self.methods and registry.get(self.method).needs_mtp:
             check_mtp(self.target)  # ConfigError naming what the checkpoint lacks
         self.created = int(time.time())
-        # one token's KV in the target's cache, and in the draft model's ('draft' requests)
-        self.kv_bytes_per_token = kv_bytes(self.target, None, 1)
-        self.draft_kv_bytes_per_token = kv_bytes(self.target, worker.draft, 1)
         self._check_default_fits()
 
     @classmethod
@@ -137,7 +134,7 @@ class ServerState:
     def _check_default_fits(self) -> None:
         """ConfigError when a request that sets no max_tokens (it gets --max-tokens-limit) could
         never fit the KV budget: a server that would refuse every such request does not start."""
-        s, per_token = self.settings, self.draft_kv_bytes_per_token
+        s, per_token = self.settings, self.worker.kv_per_token("draft")
         need = s.max_tokens_limit * per_token
         if need > s.kv_budget_bytes:
             raise ConfigError(
@@ -149,10 +146,7 @@ class ServerState:
     def check_kv_budget(self, gen: GenRequest) -> None:
         """RequestTooLargeError (413) when ``gen``'s prompt + max_tokens alone need more KV
         cache than the whole budget (with the draft model's cache for a 'draft' request)."""
-        tokens = len(gen.prompt) + gen.generation.max_tokens
-        per_token = (self.draft_kv_bytes_per_token if gen.spec.method == "draft"
-                     else self.kv_bytes_per_token)
-        need = tokens * per_token
+        per_token, need = self.worker.kv_per_token(gen.spec.method), self.worker.kv_need(gen)
         budget = self.settings.kv_budget_bytes
         if need > budget:
             raise RequestTooLargeError(

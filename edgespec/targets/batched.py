@@ -18,16 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from ..cache import KVCache
 from ..kernels.backend import (SMALL_M_MAX, metal_kernels, use_native_block,
-                               use_native_tree_attention, use_quantized_small_matmul,
-                               use_small_matmul)
-from ..kernels.tree_mask import tree_mask
+                               use_native_tree_attention)
+from ..kernels.matmul import linear_rows_exact
 from ..tree import DraftTree
-from .target import Target, TargetOutput
+from .target import Target, TargetOutput, prepare
 
 
 @dataclass
@@ -64,14 +62,10 @@ def score_many(target: Target, parts: Sequence[Part]) -> list[TargetOutput]:
         return [target.score(p.tokens, p.cache, capture=p.capture) for p in parts]
     masks, caches, rows = [], [], []
     for p in parts:
-        tree = p.tokens if isinstance(p.tokens, DraftTree) else None
-        n = len(p.ids)
-        p.cache.reserve(n, tree)
-        window, start = p.cache.mask_groups()[0]
-        chain = tree is None or tree.is_chain
-        masks.append(tree_mask(None if chain else tree, n, start, p.cache.offset, window))
+        ids, _, part_masks = prepare(p.tokens, p.cache)
+        masks.append(part_masks[0])  # one mask group (``can_share``): a TreeMask (<= 32 nodes)
         caches.append(p.cache)
-        rows.append(n)
+        rows.append(len(ids))
     tokens = mx.array(np.concatenate([np.asarray(p.ids, dtype=np.int32) for p in parts]))[None]
     capture = sorted({i for p in parts for i in p.capture})
     x, captured = target.model.run_many(tokens, masks, caches, capture)
@@ -88,16 +82,8 @@ def score_many(target: Target, parts: Sequence[Part]) -> list[TargetOutput]:
 
 def _head_rows_exact(target: Target, rows: list[int]) -> bool:
     """Whether the LM head over all rows gives each sequence's rows the bits of its own call:
-    the native kernels (row by row) run for every part's row count and for the total. Where
-    the backend picks MLX's product for some count (small heads), each part takes its own."""
+    a native kernel (row by row) runs for every part's row count and for the total. Where the
+    backend picks MLX's product for some count (small heads), each part takes its own."""
     model = target.model
     head = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
-    counts = [*rows, sum(rows)]
-    if type(head) in (nn.Embedding, nn.Linear) and "bias" not in head \
-            and head.weight.dtype == mx.float32:
-        v, h = head.weight.shape
-        return all(use_small_matmul(m, v, h) for m in counts)
-    if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in head \
-            and head.mode == "affine":
-        return all(use_quantized_small_matmul(m, head.group_size, head.bits) for m in counts)
-    return False
+    return all(linear_rows_exact(head, m) for m in [*rows, sum(rows)])

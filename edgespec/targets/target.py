@@ -93,15 +93,8 @@ class Target:
         slots), starting from ``hidden`` (N, H) instead of the embedding when given; ``capture``
         returns the hidden state entering each listed layer; ``head=False`` skips the LM head.
         """
-        tree = tokens if isinstance(tokens, DraftTree) else None
-        ids = tree.tokens if tree is not None else tokens
+        ids, positions, masks = prepare(tokens, cache)
         n = len(ids)
-        chain = tree is None or tree.is_chain
-        # may drop entries that left the window: before the mask is built; a tree (a draft,
-        # which may be accepted in part) also tells recurrent layers to keep every node's state
-        cache.reserve(n, tree)
-        positions = cache.offset if chain else cache.offset + tree.depths()
-        masks = _masks(None if chain else tree, n, cache)
         if hidden is not None and hidden.shape[0] != n:
             raise ValueError(f"hidden has {hidden.shape[0]} rows for {n} tokens")
         x, captured = self.model(
@@ -110,6 +103,21 @@ class Target:
         x = x[0]
         return TargetOutput(self.logits(x) if head else None, x,
                             {i: h[0] for i, h in captured.items()})
+
+
+def prepare(tokens: DraftTree | list[int] | mx.array, cache: KVCache) -> tuple:
+    """What a forward over ``tokens`` (a chain or a tree after ``cache``'s tokens) needs: their
+    ids, positions (an int for a chain, one per node for a tree) and one mask per cache slot;
+    reserves their scratch slots in ``cache`` (``Target.score``; ``batched.score_many``)."""
+    tree = tokens if isinstance(tokens, DraftTree) else None
+    ids = tree.tokens if tree is not None else tokens
+    n = len(ids)
+    chain = tree is None or tree.is_chain
+    # may drop entries that left the window: before the mask is built; a tree (a draft,
+    # which may be accepted in part) also tells recurrent layers to keep every node's state
+    cache.reserve(n, tree)
+    positions = cache.offset if chain else cache.offset + tree.depths()
+    return ids, positions, _masks(None if chain else tree, n, cache)
 
 
 def _masks(tree: DraftTree | None, n: int, cache: KVCache) -> list:
