@@ -6,6 +6,9 @@ baseline ``"none"`` first, so machine noise lands on all methods alike. Each gen
 fresh drafter, so a prompt's numbers do not depend on the prompts before it. Decoding is greedy
 unless ``sampling`` says otherwise; exact match (token ids equal to the baseline's for the same
 prompt) is reported only under greedy decoding, where a lossless method must score n/n.
+A method written ``METHOD@HEAD`` (``eagle3@learned``) runs with that head, as a method of its
+own, so one run compares heads (``bench_heads.py``); ``env["heads"]`` names the head folder of
+every method that drafts with one.
 
 ``summarize`` is the pure aggregation: per-prompt rows -> per method, overall and per category,
 pooled τ / acceptance / tokens-per-second (prefill excluded) and speedup against the baseline
@@ -26,6 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 from tqdm import tqdm
 
+from . import bench_heads
 from .bench_rows import generate_row, row_fields, valid_answer
 from .config import GenerationConfig, SamplingConfig
 from .drafters import load_draft, make_drafter, registry
@@ -114,6 +118,8 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
               spec: Mapping | None = None, draft_target: Target | None = None,
               progress: bool = True, prompts_file: str | None = None, raw: bool = False) -> dict:
     """Benchmark ``methods`` (list or comma string; "none" is always added, first) on ``prompts``.
+    A method may be ``METHOD@HEAD``: ``METHOD`` with the head ``HEAD`` names ('shipped',
+    'learned' or a head folder, ``bench_heads.py``).
 
     Each prompt's text goes in as one user chat message, or as raw text when ``raw`` (base
     models, which have no chat template).
@@ -131,14 +137,18 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
     shared = dict(spec or {})
     if draft_target is not None and "draft" not in shared:
         shared["draft"] = str(draft_target.path or draft_target.name)
-    specs = {m: spec_for(m, shared) for m in [BASELINE, *method_names(methods)]}
+    names = [BASELINE, *method_names(methods)]
     if not prompts:
         raise ConfigError("no prompts to benchmark; give a prompts file with at least one line")
+    folders = bench_heads.resolve(names, target)  # METHOD@HEAD: each HEAD once, before any run
+    specs = {m: spec_for(bench_heads.split(m)[0],
+                         {**shared, "head": str(folders[m])} if m in folders else shared)
+             for m in names}
     if any(p.suffix is not None for p in prompts):
         from .fim import require_format
 
         require_format(target.tokenizer, target.name)  # a model without FIM tokens: say so now
-    uses_draft = [m for m, s in specs.items() if registry.get(m).uses_draft(s.draft)]
+    uses_draft = [m for m, s in specs.items() if registry.get(s.method).uses_draft(s.draft)]
     if uses_draft and draft_target is None:
         draft_target = load_draft(specs[uses_draft[0]].draft, target)
 
@@ -161,15 +171,17 @@ def run_bench(target: Target, methods, prompts: list[BenchPrompt], *,
                                 draft=draft_target if uses_draft else None,
                                 num_draft=specs[BASELINE].num_draft)
     report["env"]["prompt_format"] = "raw" if raw else "chat"
+    report["env"]["heads"] = bench_heads.heads_used(specs, target)
     report["prompts"] = [{k: _round(v, 4) for k, v in r.items()} for r in rows]
     return report
 
 
 def method_names(methods) -> list[str]:
-    """Method names from a list or a comma-separated string, each checked against the registry,
-    without repeats and without the baseline (which every run has anyway)."""
+    """Method names from a list or a comma-separated string, each checked against the registry
+    (``METHOD@HEAD`` by ``bench_heads.split``), without repeats and without the baseline (which
+    every run has anyway)."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods)]
-    bad = [m for m in names if m not in registry.NAMES]
+    bad = [m for m in names if bench_heads.split(m)[0] not in registry.NAMES]
     if bad:
         raise ConfigError(f"unknown method(s) {', '.join(map(repr, bad))}; "
                           f"choose from: {', '.join(registry.NAMES)}")
@@ -332,8 +344,9 @@ def format_report(report: dict):
     from rich.text import Text
 
     tables = []
+    shown = bench_heads.labels(report["methods"])
     for name, m in report["methods"].items():
-        table = Table(title=f"method: {name}", title_justify="left")
+        table = Table(title=f"method: {shown[name]}", title_justify="left")
         table.add_column("category")
         for col in _COLUMNS:
             table.add_column(col, justify="right")
@@ -354,5 +367,6 @@ def report_markdown(report: dict) -> str:
     categories = dict.fromkeys(c for m in methods.values() for c in m["categories"])
     rows += [(name, c, m["categories"][c]) for c in categories
              for name, m in methods.items() if c in m["categories"]]
-    lines += ["| " + " | ".join([name, cat, *_cells(s)]) + " |" for name, cat, s in rows]
+    shown = bench_heads.labels(methods)
+    lines += ["| " + " | ".join([shown[name], cat, *_cells(s)]) + " |" for name, cat, s in rows]
     return "\n".join(lines) + "\n"

@@ -48,20 +48,27 @@ def plot_report(report: dict, path) -> Path:
     axes[1].set_xticks(range(len(groups)), groups, rotation=20 if len(groups) > 6 else 0, ha="right"
                        if len(groups) > 6 else "center")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 8), frameon=False)
+    # as many columns as the longest label lets fit across the figure (about 0.06 in a character
+    # and 0.5 in for the swatch and gap): long METHOD@HEAD labels wrap instead of running off
+    fit = int(width / (0.06 * max(map(len, labels)) + 0.5))
+    fig.legend(handles, labels, loc="outside lower center", ncols=max(1, min(len(labels), 8, fit)),
+               frameon=False)
     fig.suptitle(_title(report.get("env", {})), fontsize="medium")
     fig.savefig(path, format=fmt, dpi=120)
     return Path(path)
 
 
 def _draw_panel(ax, results: dict, methods: list[str], groups: list[str], key: str, label: str):
+    from .bench_heads import labels
+
+    shown = labels(methods)  # METHOD@FOLDER: the folder's telling tail, as in the tables
     width = 0.8 / len(methods)
     colors = [f"C{i}" for i in range(len(methods))]
     for i, (name, color) in enumerate(zip(methods, colors)):
         xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
         ys = [_value(results[name], group, key) for group in groups]
         bars = ax.bar(xs, [y if y is not None else 0.0 for y in ys], width * 0.92, color=color,
-                      label=name)
+                      label=shown[name])
         ax.bar_label(bars, labels=[f"{ys[0]:.2f}" if ys[0] is not None else "—"] + [""] * (len(ys) - 1),
                      fontsize="x-small", padding=2, rotation=90)  # numbers: overall group only
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="plain decoding (1.0)")

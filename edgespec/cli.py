@@ -16,7 +16,7 @@ import click
 
 from . import options
 from .drafters.default import method_for_model
-from .drafters.registry import NAMES
+from .drafters.registry import NAMES, readers
 from .errors import EdgespecError
 from .extras import missing_extra
 from .training import settings as train_settings
@@ -58,6 +58,8 @@ class LazyGroup(click.Group):
     lazy = {
         "serve": ("edgespec.server.cli:serve", "Serve an OpenAI-compatible endpoint on loopback."),
         "chat": ("edgespec.tui.cli:chat", "Chat in the terminal, accepted drafts shown live."),
+        "learn": ("edgespec.learn_cli:learn", "Learn from your own use: status, run, rollback, "
+                  "forget."),
     }
 
     def list_commands(self, ctx):
@@ -202,7 +204,10 @@ def _fim_query(engine, prefix: str, suffix: str, c):
 @options.click_options("bench")
 @click.option("--prompts", "prompts_file", required=True, help="jsonl with 'turns' and 'category'")
 @click.option("--methods", default="none,draft", show_default=True,
-              help="comma-separated methods: " + ", ".join(NAMES))
+              help="comma-separated methods: " + ", ".join(NAMES) + "; METHOD@HEAD runs a "
+                   "method that reads a head (" + ", ".join(readers("head")) + ") with HEAD: "
+                   "'shipped', 'learned' or a head folder, as a row of its own, so one run "
+                   "compares heads (eagle3@shipped,eagle3@learned)")
 @click.option("--limit", default=None, type=int, help="use N prompts (round-robin over categories)")
 @click.option("--json", "json_out", default=None, help="write the full report as JSON to this file")
 @click.option("--plot", "plot_out", default=None,
@@ -211,7 +216,11 @@ def _fim_query(engine, prefix: str, suffix: str, c):
               help="send each prompt as raw text, not as a chat message (base models)")
 @guarded
 def bench(prompts_file, methods, limit, json_out, plot_out, raw, **kw):
-    """Measure methods against plain decoding, in one process, over a prompts file."""
+    """Measure methods against plain decoding, in one process, over a prompts file.
+
+    A method written METHOD@HEAD (eagle3@shipped,eagle3@learned) runs with that head, so one
+    run compares heads; the --json report's env.heads names each method's head folder.
+    """
     from . import bench as benchmod
     from .bench_plot import check_plot_path, plot_report
     from .config import GenerationConfig, ModelConfig, SamplingConfig
@@ -222,7 +231,7 @@ def bench(prompts_file, methods, limit, json_out, plot_out, raw, **kw):
     generation = options.config(GenerationConfig, v)
     names = benchmod.method_names(methods)
     for m in names:  # every method's settings are checked before anything is loaded
-        options.spec_for(m, v)
+        options.spec_for(benchmod.bench_heads.split(m)[0], v)
     if plot_out:
         check_plot_path(plot_out)
     if limit is not None and limit < 1:

@@ -40,6 +40,11 @@ it. Its cache comes from the engine's prefix store (``prefix_store.PrefixStore``
 prefix of its prompt that any finished decoding left) and goes back there when it ends.
 Seeded sampling draws each token with a uniform keyed by (seed, output position)
 (``verify.verify_sampling_keyed``): the same tokens whatever is drafted.
+
+**Learning from use**: an engine given a ``recorder`` (``learn/recorder.py``) makes its forwards
+also capture the recorder's layers and shows each generation's recording the prefill's rows and
+every step's committed path; a generation that fails is not recorded, a closed one keeps what it
+committed. The tokens are unchanged: the recorder only copies rows already computed.
 """
 
 from __future__ import annotations
@@ -96,8 +101,11 @@ class Engine:
     def __init__(self, target: Target, drafter: Drafter | None = None,
                  sampling: SamplingConfig | None = None, reuse_prefix: bool = True,
                  pipeline: bool = True, prefix_budget_bytes: int = PREFIX_BUDGET_BYTES,
-                 keyed_seeds: bool = True):
+                 keyed_seeds: bool = True, recorder=None):
         self.target = target
+        # learning from use (``learn/recorder.py``): each generation's committed positions'
+        # EAGLE-3 features go to the recorder (None: nothing is recorded)
+        self.recorder = recorder
         # a seeded sampled request draws each token from a uniform keyed by (seed, position):
         # the same tokens whatever is drafted (verify.verify_sampling_keyed); False: the
         # recursive rejection rule, whose draws depend on the drafts
@@ -153,11 +161,13 @@ class Engine:
     def start(self, prompt: Prompt, *, max_tokens: int | None = None, stop=None,
               generation: GenerationConfig | None = None,
               sampling: SamplingConfig | None = None, rules: Rules | None = None,
-              logprobs: int | None = None, drafter: Drafter | None | bool = True) -> Decoding:
+              logprobs: int | None = None, drafter: Drafter | None | bool = True,
+              record: bool = True) -> Decoding:
         """A :class:`Decoding` of ``prompt`` (``stream``'s arguments), not started: its
         coroutine runs nothing until driven (``alone_steps``, or a scheduler sending it the
         outputs of the forwards it asks for). ``drafter``: the decoding's own (None: plain
-        decoding; True: ``engine.drafter``)."""
+        decoding; True: ``engine.drafter``). ``record``: shown to the engine's recorder, if it
+        has one (False: this generation is not recorded)."""
         check_top(logprobs)
         given = {k: v for k, v in (("max_tokens", max_tokens), ("stop", stop)) if v is not None}
         gen = generation or GenerationConfig(**given)  # the config's own defaults otherwise
@@ -171,19 +181,27 @@ class Engine:
         d = Decoding(drafter, Stats(method=drafter.name if drafter else "none",
                                     prompt_tokens=len(ids)))
         d.gen = self._decode(d, ids, min(gen.max_tokens, ctx - len(ids)), gen, cfg, ruled,
-                             logprobs)
+                             logprobs, record)
         return d
 
     def _decode(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,
-                cfg: SamplingConfig, ruled: Rules, top: int | None) -> Generator:
+                cfg: SamplingConfig, ruled: Rules, top: int | None,
+                record: bool = True) -> Generator:
         """The decoding's coroutine. Its cache comes from the prefix store and goes back there
         when it ends, however it ends, unless a forward it asked for is still unanswered or
         could not be undone (without ``reuse_prefix`` the store's budget is 0: it keeps
         nothing, every take is a fresh cache)."""
         cache, start = self.prefixes.take(ids, self.target.make_cache)
         held = _Held()
+        rec = self.recorder.begin(ids, start) if self.recorder is not None and record else None
         try:
-            yield from self._steps(d, ids, max_new, gen, cfg, ruled, top, cache, start, held)
+            yield from self._steps(d, ids, max_new, gen, cfg, ruled, top, cache, start, held, rec)
+            if rec is not None:
+                rec.end()
+        except GeneratorExit:  # closed: cancelled or its client left; what it committed stays
+            if rec is not None:
+                rec.end()
+            raise
         finally:
             # a forward asked for and never answered wrote scratch rows only: a KV cache is as
             # it was (a hybrid cache's recurrent bookkeeping may not be)
@@ -193,7 +211,7 @@ class Engine:
 
     def _steps(self, d: Decoding, ids: list[int], max_new: int, gen: GenerationConfig,
                cfg: SamplingConfig, ruled: Rules, top: int | None, cache, start: int,
-               held: _Held) -> Generator:
+               held: _Held, rec=None) -> Generator:
         target, drafter, stats = self.target, d.drafter, d.stats
         stats.cached_tokens = start
         rng = make_rng(cfg, stream=0)
@@ -206,6 +224,8 @@ class Engine:
             lower = LowerLayers(target, cache, drafter.lower_layers)
 
         capture = drafter.target_features if drafter is not None else ()
+        if rec is not None:  # the recorder's layers too (computed anyway; only kept)
+            capture = tuple(sorted(set(capture) | set(rec.recorder.layers)))
         keep = bool(capture) or (drafter is not None and drafter.wants_hidden)
 
         def prefill() -> Generator:
@@ -218,10 +238,13 @@ class Engine:
                 if keep:
                     outs.append(out)
             cache.pin()  # the prompt's end: where a next request sharing the prompt resumes
+            joined = _joined(outs, capture, target) if keep else None
+            if rec is not None:
+                rec.prompt(joined)
             if drafter is not None:
                 if drafter.lower_layers:
                     drafter.use_lower_layers(lower)
-                drafter.prefill(ids, _joined(outs, capture, target) if keep else None, cfg)
+                drafter.prefill(ids, joined, cfg)
 
         def propose(root: int, budget: int) -> DraftTree:
             if drafter is None or budget <= 0:
@@ -249,6 +272,8 @@ class Engine:
                 drafter.update(acc, chain, out)
                 (stats.accepted_prediction_tokens,
                  stats.rejected_prediction_tokens) = drafter.prediction_tokens()
+            if rec is not None:
+                rec.step(out, [0], [token])
             stats.draft_s += time.perf_counter() - t1
             stats.verify_s += waited
             stats.target_forwards += 1
@@ -313,6 +338,8 @@ class Engine:
             if drafter is not None:
                 for seen in (views(shaped, acc, out) if shaped else [(acc, drafted, out)]):
                     drafter.update(*seen)
+            if rec is not None:
+                rec.step(out, acc.path, acc.tokens)
             t4 = time.perf_counter()
             stats.draft_s += (t2 - t1) + (t4 - t3)
             stats.verify_s += t3 - t2

@@ -28,6 +28,7 @@ class GenRequest:
     grammar: Grammar | None = None  # structured output: the output must match it
     logprobs: int | None = None  # per token: its log-probability and this many alternatives
     live_stats: bool = False  # each step arrives as Live(step, a copy of the running stats)
+    record: bool = True  # recorded for learning, where the worker records (``store: false``: not)
 
 
 @dataclass(frozen=True)

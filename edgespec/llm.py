@@ -59,6 +59,7 @@ from .errors import ConfigError, GrammarError
 from .fim import encode_fim, fim_format
 from .generation_defaults import model_sampling
 from .grammar import Grammar, check_stop, from_response_format
+from .learn.flags import learning_from
 from .logprobs import check_top
 from .prompt import check_context, encode_prediction, encode_prompt
 from .streams import AsyncStream, Stream
@@ -80,17 +81,20 @@ class LLM:
     """
 
     def __init__(self, model: str | Target = "demo", *, progress: bool = True,
-                 max_concurrency: int = 4, **kw: Any) -> None:
+                 max_concurrency: int = 4, learn: bool = False, **kw: Any) -> None:
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) \
                 or max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+        if not isinstance(learn, bool):
+            raise ConfigError(f"learn must be True or False, got {learn!r}")
         given = options.checked("python", kw)
         self._defaults = options.values("python", given)
         dtype = ModelConfig(model if isinstance(model, str) else "loaded",
                             self._defaults.get("dtype")).dtype
         self._configs({})  # a bad method or other option fails here, before anything is loaded
         load = loader(model, self._defaults.get("draft"), dtype, progress)
-        self._worker = Worker(load, max_concurrency=max_concurrency, max_queue=1 << 30).start()
+        self._worker = Worker(load, max_concurrency=max_concurrency, max_queue=1 << 30,
+                              learning=learning_from("api", learn is True)).start()
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closer = weakref.finalize(self, _close, self._worker, self._jobs, self._lock)
@@ -291,7 +295,7 @@ def _raw(prompt: Messages | Text) -> Text:
 
 
 def load(model: str | Target = "demo", *, progress: bool = True, max_concurrency: int = 4,
-         **options: Any) -> LLM:
+         learn: bool = False, **options: Any) -> LLM:
     """Load ``model`` (a Hugging Face repo id, a local model directory, a .gguf file or "demo")
     and start its generation thread: an :class:`LLM`.
 
@@ -300,8 +304,10 @@ def load(model: str | Target = "demo", *, progress: bool = True, max_concurrency
     model, else 'eagle3' where an EAGLE-3 head is found and pays (``drafters.default.eagle3_pays``),
     else 'corpus' when one is found for the model, else 'lookup'. ``progress`` shows
     download / conversion progress. ``max_concurrency``: how many calls decode together.
+    ``learn``: record what decoding computes for ``edgespec learn`` (off unless asked, as an app
+    embedding edgespec decides for its users; ``EDGESPEC_LEARN=0`` overrides it).
     """
-    return LLM(model, progress=progress, max_concurrency=max_concurrency, **options)
+    return LLM(model, progress=progress, max_concurrency=max_concurrency, learn=learn, **options)
 
 
 def _document_options() -> None:

@@ -80,7 +80,7 @@ class Worker:
 
     def __init__(self, load: Loader, reuse_prefix: bool = True, *, max_concurrency: int = 4,
                  max_queue: int = 64, kv_budget_bytes: int | None = None, metrics=None,
-                 batch_policy: str = "shared"):
+                 batch_policy: str = "shared", learning=None):
         if max_concurrency < 1 or max_queue < 0:
             raise ConfigError(f"max_concurrency must be >= 1 and max_queue >= 0; got "
                               f"{max_concurrency} and {max_queue}")
@@ -94,6 +94,8 @@ class Worker:
         self._kv_per_token: dict[bool, int] = {}  # set once the model is loaded
         self.metrics = metrics
         self.batch_policy = batch_policy
+        # ``learn.session.Learning``: record what decoding computes; learn while idle
+        self.learning = learning
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._next: Job | None = None  # taken from the queue, waiting for the batch to drain
         self._draining = False  # stop() was called: finish what runs, take nothing more
@@ -131,6 +133,8 @@ class Worker:
         self._fail_queued(UnavailableError("the generation worker is stopping; the request was "
                                            "not run"))
         self._queue.put(None)
+        if self.learning is not None:  # idle-time learning stops at its next step (checkpointed)
+            self.learning.pause.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -147,6 +151,8 @@ class Worker:
             raise self._load_error
         if not self.alive:
             raise UnavailableError("the generation worker is stopping; the request was not run")
+        if self.learning is not None:  # idle-time learning stops at its next step
+            self.learning.pause.set()
         if isinstance(job.request, GenRequest) and self._queue.qsize() >= self.max_queue:
             raise QueueFullError(
                 f"{self._queue.qsize()} requests are already waiting (this server queues at "
@@ -221,6 +227,8 @@ class Worker:
         try:
             self._serve_queue()
         finally:
+            if self.learning is not None:
+                self.learning.close()
             # MLX gives each thread its own default stream; destroy this thread's streams before it
             # ends, else one can outlive the thread and abort the process at exit (MLX 0.32:
             # "terminate called without an active exception").
@@ -233,8 +241,10 @@ class Worker:
             # one token's KV bytes: in the target's cache, and with the draft model's ('draft')
             self._kv_per_token = {False: kv_bytes(self.target, None, 1),
                                   True: kv_bytes(self.target, self.draft, 1)}
+            recorder = self.learning.attach(self.target) if self.learning is not None else None
             engine = Engine(self.target, reuse_prefix=self._reuse_prefix,
-                            prefix_budget_bytes=self.kv_budget_bytes or PREFIX_BUDGET_BYTES)
+                            prefix_budget_bytes=self.kv_budget_bytes or PREFIX_BUDGET_BYTES,
+                            recorder=recorder)
         except BaseException as e:  # noqa: BLE001 - handed to start()'s caller, which re-raises it
             self._load_error = e
             self._stopping = True  # nothing more is taken: what is queued gets the error
@@ -259,7 +269,8 @@ class Worker:
             job = self._next
             if job is None:
                 try:
-                    job = self._queue.get(block=not running)
+                    job = self._queue.get(block=not running) if running or not self._learns() \
+                        else self._wait_learning()
                 except queue.Empty:
                     break
             self._next = None
@@ -295,6 +306,18 @@ class Worker:
         self.busy = bool(running)
         return bool(running) or not self._draining
 
+    def _learns(self) -> bool:
+        return self.learning is not None and self.learning.when_idle
+
+    def _wait_learning(self) -> Job | None:
+        """The next job; while none comes for ``idle_after_s``, learn (``learn.session``)."""
+        while True:
+            self.learning.pause.clear()  # before waiting: a job submitted from now on pauses
+            try:
+                return self._queue.get(timeout=self.learning.idle_after_s)
+            except queue.Empty:
+                self.learning.idle(self.target, self.target.path)
+
     def _start(self, engine: Engine, job: Job, running: dict) -> Decoding:
         """The job's decoding, with its own drafter; its cache comes from the engine's prefix
         store (the longest prefix of its prompt any finished request left)."""
@@ -303,7 +326,7 @@ class Worker:
                                prediction=r.prediction)
         rules = GrammarRule(r.grammar, engine.target.tokenizer) if r.grammar else None
         return engine.start(r.prompt, generation=r.generation, sampling=r.sampling, rules=rules,
-                            logprobs=r.logprobs, drafter=drafter)
+                            logprobs=r.logprobs, drafter=drafter, record=r.record)
 
     def kv_per_token(self, method: str) -> int:
         """Bytes of KV cache one token takes for a request of ``method`` (the draft model's

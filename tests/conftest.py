@@ -19,6 +19,7 @@ but must not change its weights; a test that does loads its own copy.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -54,6 +55,22 @@ class TinyModels:
         if key not in self._loaded:
             self._loaded[key] = load_target(self.path(**options), dtype="float32")
         return self._loaded[key]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_learning_from_tests(tmp_path_factory):
+    """Tests neither record for learning (``EDGESPEC_LEARN=0``) nor read or write the user's
+    learned heads (``EDGESPEC_LEARN_DIR`` in a temporary folder); the learning tests turn
+    recording on themselves."""
+    saved = {k: os.environ.get(k) for k in ("EDGESPEC_LEARN", "EDGESPEC_LEARN_DIR")}
+    os.environ["EDGESPEC_LEARN"] = "0"
+    os.environ["EDGESPEC_LEARN_DIR"] = str(tmp_path_factory.mktemp("learn"))
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

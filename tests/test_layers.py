@@ -17,9 +17,10 @@ The picture (``docs/architecture.md``), bottom to top:
        (what each surface takes from the config classes), worker (the one generation thread
        the server and the Python API run the engine on), kv_budget (a sequence's KV cache
        bytes), batch (decodings stepped together, sharing forwards), jobs (the worker's jobs and
-       events), decoding (a generation's steps and coroutine), training/ (it runs the target and the heads)
-    6  bench, bench_plot, bench_rows, doctor, server/, tui/, cli, llm, streams, __init__ (the
-       surfaces)
+       events), decoding (a generation's steps and coroutine), training/ (it runs the target and the heads),
+       learn/ (recording while decoding, learning from it, the guard and versions)
+    6  bench, bench_heads (bench's METHOD@HEAD variants), bench_plot, bench_rows, doctor,
+       server/, tui/, cli, llm, streams, learn_cli (``edgespec learn``), __init__ (the surfaces)
 
 A module missing from ``LAYERS`` fails the test, so a new file has to take a place in the
 picture. Imports inside functions count too (a lazy import is still a dependency). No import
@@ -43,9 +44,9 @@ LAYERS = {
     "targets": 3, "heads": 3,
     "drafters": 4,
     "engine": 5, "plain_pipeline": 5, "rule_tree": 5, "options": 5, "worker": 5, "training": 5,
-    "kv_budget": 5, "batch": 5, "jobs": 5, "decoding": 5,
-    "bench": 6, "bench_plot": 6, "bench_rows": 6, "doctor": 6, "server": 6, "tui": 6, "cli": 6,
-    "llm": 6, "streams": 6,
+    "kv_budget": 5, "batch": 5, "jobs": 5, "decoding": 5, "learn": 5,
+    "bench": 6, "bench_heads": 6, "bench_plot": 6, "bench_rows": 6, "doctor": 6, "server": 6,
+    "tui": 6, "cli": 6, "llm": 6, "streams": 6, "learn_cli": 6,
     "__init__": 6,
 }
 

@@ -51,7 +51,7 @@ REFUSED = [  # (body, param, the message says)
         "name": "a", "schema": {}, "strct": True}}}, "response_format.json_schema.strct",
      "unknown field"),
     ({"messages": HI, "logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
-    ({"messages": HI, "store": True}, "store", "stores no completions"),
+    ({"messages": HI, "store": True}, "store", "keeps no completions to retrieve"),
     ({"messages": HI, "service_tier": "flex"}, "service_tier", "'auto', 'default'"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities", "['text']"),
     ({"messages": HI, "prompt_cache_retention": "24h"}, "prompt_cache_retention", "in_memory"),

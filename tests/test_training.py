@@ -96,7 +96,7 @@ def test_a_stopped_store_resumes_to_the_same_arrays(tiny, tmp_path):
 def test_draft_vocabulary_counts_the_training_split_only():
     labels = np.array([5, 5, 5, 7, 7, 2, 9, 9, 9, 9, 1, 1], dtype=np.int32)
     mask = np.array([1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1], dtype=np.uint8)
-    st = FeatureStore(None, {}, np.array([0, 6, 12]), None, None, None, labels, mask)
+    st = FeatureStore(None, {}, np.array([0, 6, 12]), aux=None, ids=None, labels=labels, mask=mask)
     ids, coverage = draft_vocabulary(st, [0], [1], size=2, vocab_size=12)
     assert ids.tolist() == [5, 7]  # 5 x3, 7 x2 in sequence 0; 2 is masked out; 9 is held out
     assert coverage == 0.0  # held-out labels are 9, 9, 9, 9, 1, 1

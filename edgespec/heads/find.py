@@ -2,7 +2,8 @@
 
 Where it looks, in order: each entry of ``$EDGESPEC_HEADS`` (``os.pathsep``-separated; an entry
 is a head directory, or a folder holding ``<kind>/`` or ``*/<kind>/`` head directories), then
-the heads shipped for the demo model: the repository's top-level ``models/*/<kind>/`` in a
+the head learned from this user's own use and rolled out (``learned.learned_head``; not with
+``learned=False``), then the heads shipped for the demo model: the repository's top-level ``models/*/<kind>/`` in a
 checkout, ``edgespec/models/*/<kind>/`` in an installed wheel. A candidate
 matches when its config.json's ``edgespec`` section has this kind and the target's fingerprint;
 only config files are read. Returns the first match, or None.
@@ -16,24 +17,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .config import fingerprint
+from .learned import learned_head
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
 WHEEL_MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
-def find_head(target, kind: str) -> Path | None:
+def find_head(target, kind: str, learned: bool = True) -> Path | None:
     """The directory of a ``kind`` head trained for ``target``, or None."""
     want = fingerprint(target)
-    for candidate in _candidates(kind):
+    for candidate in _candidates(kind, learned_head(want, kind) if learned else None):
         ours = _section(candidate)
         if ours.get("kind") == kind and ours.get("target_fingerprint") == want:
             return candidate
     return None
 
 
-def _candidates(kind: str) -> Iterator[Path]:
+def _candidates(kind: str, learned: Path | None) -> Iterator[Path]:
     roots = [Path(p) for p in os.environ.get("EDGESPEC_HEADS", "").split(os.pathsep) if p]
-    for root in [*roots, REPO_MODELS, WHEEL_MODELS]:
+    for root in [*roots, *([learned] if learned else []), REPO_MODELS, WHEEL_MODELS]:
         if (root / "config.json").is_file():
             yield root
         for sub in (root / kind, *sorted(root.glob(f"*/{kind}"))):

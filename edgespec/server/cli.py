@@ -23,6 +23,7 @@ from ..errors import EdgespecError
 from ..extras import missing_extra
 from ..generation_defaults import describe
 from ..kv_budget import KV_BUDGET_MB
+from ..learn.flags import learn_options
 
 
 def _guarded(fn):
@@ -64,9 +65,11 @@ def _guarded(fn):
 @click.option("--kv-budget-mb", default=KV_BUDGET_MB, show_default=True, type=int,
               help="KV cache memory, in MiB, of the requests decoding together; a request whose "
                    "prompt + max_tokens alone need more gets 413")
+@learn_options
 @_guarded
 def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, aliases,
-          no_prefix_reuse, max_concurrency, max_queue, kv_budget_mb, **kw):
+          no_prefix_reuse, max_concurrency, max_queue, kv_budget_mb, learn, learn_budget_mb,
+          learn_when_idle, **kw):
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
     The speculation options are every request's defaults; a request may name another available
@@ -87,7 +90,8 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
         max_tokens_limit=max_tokens_limit, cors_origins=tuple(cors_origins), host=host,
         allowed_hosts=tuple(allowed_hosts), aliases=tuple(aliases),
         reuse_prefix=not no_prefix_reuse, max_concurrency=max_concurrency, max_queue=max_queue,
-        kv_budget_mb=kv_budget_mb)
+        kv_budget_mb=kv_budget_mb, learn=learn, learn_budget_mb=learn_budget_mb,
+        learn_when_idle=learn_when_idle)
     sock = _bind(host, port)  # before loading: a busy port fails in a second, not after the load
     click.echo(f"edgespec: loading {model}" + (f" (draft {draft})" if draft else ""), err=True)
     t0 = time.perf_counter()
@@ -101,6 +105,7 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
             f"{describe(state.sampling)} (the model's generation_config.json)" if state.sampling
             else "temperature 1 (OpenAI's; the model's generation_config.json sets none)"),
             err=True)
+        click.echo(_learning_line(state.worker.learning), err=True)
         if not _is_loopback(host) and not api_key:
             click.echo(f"edgespec: warning: listening on {host} without --api-key: anyone who can "
                        "reach this port can use the model", err=True)
@@ -114,6 +119,16 @@ def serve(host, port, api_key, max_tokens_limit, cors_origins, allowed_hosts, al
     finally:
         state.stop()
         sock.close()
+
+
+def _learning_line(learning) -> str:
+    """Where recordings go (or that there are none), said once at start."""
+    if learning is None:
+        return "edgespec: learning off: nothing is recorded"
+    where = learning.recorder.store.folder if learning.recorder else "the learn folder"
+    idle = "; fine-tunes after a while without requests" if learning.when_idle else ""
+    return (f"edgespec: learning on: recording features and tokens to {where} (this machine "
+            f"only; --no-learn turns it off){idle}")
 
 
 def _bind(host: str, port: int) -> socket.socket:

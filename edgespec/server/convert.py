@@ -51,7 +51,7 @@ def chat_request(body: ChatCompletionRequest, state: ServerState) -> GenRequest:
     grammar = tool_grammar(tools, _grammar(body), state)
     check_stop(grammar, configs[0].stop)
     return GenRequest(ids, *configs, prediction=_prediction(body.prediction, state),
-                      logprobs=_chat_logprobs(body), grammar=grammar)
+                      logprobs=_chat_logprobs(body), grammar=grammar, record=body.store is not False)
 
 
 def _chat_logprobs(body: ChatCompletionRequest) -> int | None:

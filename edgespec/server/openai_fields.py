@@ -34,7 +34,9 @@ def check_chat(body) -> None:
     """The accounting and routing fields of a chat request (``schemas._ChatOpenAIFields``)."""
     _check_metadata(body.metadata)
     if body.store:
-        raise RequestError("store must be false: this server stores no completions", "store")
+        raise RequestError("store must be false or left out: this server keeps no completions to "
+                           "retrieve (false also keeps the request out of the recordings for "
+                           "learning)", "store")
     if body.service_tier is not None and body.service_tier not in SERVICE_TIERS:
         raise RequestError(f"service_tier must be one of {', '.join(map(repr, SERVICE_TIERS))} "
                            f"(every request is served the same way), got {body.service_tier!r}",

@@ -165,7 +165,10 @@ class _ChatOpenAIFields(GenerationFields):
     metadata: dict[str, str] | None = Field(
         None, description="up to 16 key-value pairs (keys up to 64 characters, values up to "
                           "512), checked as OpenAI checks them; stored nowhere")
-    store: bool | None = Field(None, description="only false: this server stores no completions")
+    store: bool | None = Field(None, description=(
+        "false or left out: no completion is kept to retrieve; false also keeps the request out of "
+        "the recordings for learning (`edgespec learn`), which a server with learning on makes of "
+        "every other chat request"))
     service_tier: str | None = Field(
         None, description="'auto' or 'default' (every request is served the same way); "
                           "'flex', 'scale' and 'priority' get a 400")

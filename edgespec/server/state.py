@@ -26,6 +26,8 @@ from ..errors import ConfigError
 from ..generation_defaults import model_sampling
 from ..heads.loaded import load_head_for
 from ..kv_budget import KV_BUDGET_MB
+from ..learn.flags import learning_from
+from ..learn.store import DEFAULT_BUDGET_MB
 from ..metrics import Metrics
 from ..targets.mtp import check_mtp
 from ..worker import GenRequest, Worker, loader
@@ -58,6 +60,9 @@ class ServerSettings:
     max_concurrency: int = 4  # requests decoding at once (continuous batching)
     max_queue: int = 64  # requests waiting beyond those; one more gets 429
     kv_budget_mb: int = KV_BUDGET_MB  # KV cache of the requests decoding together, in MiB
+    learn: bool | None = None  # record for learning (None: on unless EDGESPEC_LEARN=0)
+    learn_budget_mb: int = DEFAULT_BUDGET_MB  # the recordings' disk budget
+    learn_when_idle: bool = False  # fine-tune after a while without a request
 
     def __post_init__(self) -> None:
         bad = set(self.spec_options) - ({f.name for f in fields(SpecConfig)} - {"method", "draft"})
@@ -66,7 +71,8 @@ class ServerSettings:
                               f"got {', '.join(sorted(bad))}")
         self.spec(self.default_method(), {})  # ConfigError for a bad value, before any loading
         for name, least in (("max_tokens_limit", 1), ("max_body_bytes", 1),
-                            ("max_concurrency", 1), ("max_queue", 0), ("kv_budget_mb", 1)):
+                            ("max_concurrency", 1), ("max_queue", 0), ("kv_budget_mb", 1),
+                            ("learn_budget_mb", 1)):
             v = vars(self)[name]
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {v!r}")
@@ -123,7 +129,9 @@ class ServerState:
         metrics = Metrics()
         worker = Worker(load, settings.reuse_prefix, max_concurrency=settings.max_concurrency,
                         max_queue=settings.max_queue, kv_budget_bytes=settings.kv_budget_bytes,
-                        metrics=metrics)
+                        metrics=metrics,
+                        learning=learning_from("serve", settings.learn, settings.learn_budget_mb,
+                                               settings.learn_when_idle))
         worker.start()
         try:
             return cls(settings, worker, metrics)

@@ -84,10 +84,10 @@ class FeatureStore:
     meta: dict
     offsets: np.ndarray
     aux: np.ndarray
-    hidden: np.ndarray
     ids: np.ndarray
     labels: np.ndarray
     mask: np.ndarray
+    hidden: np.ndarray | None = None  # None in a store without it (``meta["no_hidden"]``)
     soft_ids: np.ndarray | None = None
     soft_p: np.ndarray | None = None
 
@@ -95,8 +95,9 @@ class FeatureStore:
     def open(cls, folder: Path) -> FeatureStore:
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
-                  for name in array_names(meta.get("soft_k", 0))}
+        names = [n for n in array_names(meta.get("soft_k", 0))
+                 if not (n == "hidden" and meta.get("no_hidden"))]
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
         return cls(folder, meta, np.load(folder / "offsets.npy"), **arrays)
 
     def __len__(self) -> int:

@@ -9,6 +9,7 @@ import sys
 import click
 
 from .. import options
+from ..learn.flags import learn_options, learning_from
 from ..cli import guarded
 from ..config import ModelConfig, SamplingConfig
 from ..errors import EdgespecError
@@ -24,8 +25,9 @@ from .session import aopen_session, open_session
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="colour accepted-draft tokens in line mode "
               "(auto: when stdout is a terminal and NO_COLOR is unset)")
+@learn_options
 @guarded
-def chat(model_ref, system, plain, color, **kw):
+def chat(model_ref, system, plain, color, learn, learn_budget_mb, learn_when_idle, **kw):
     """Chat with MODEL (HF repo id, local dir, .gguf file; default: the demo model), seeing
     which tokens the target accepted from the drafter, live.
 
@@ -35,7 +37,8 @@ def chat(model_ref, system, plain, color, **kw):
     given = options.given("chat", kw)
     opened = dict(spec=c.spec, generation=c.generation, system=system, dtype=c.model.dtype,
                   sampling=options.pick(SamplingConfig, given),  # over the model's, the chat's
-                  method_named="method" in given)
+                  method_named="method" in given,
+                  learning=learning_from("chat", learn, learn_budget_mb, learn_when_idle))
     if plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
         from .plain import run_plain
 

@@ -301,15 +301,16 @@ def chat_sampling(given: Mapping | SamplingConfig | None,
 
 
 def start_worker(model: str | Target, draft: str | None = None, dtype: str | None = None,
-                 status: Status = lambda _: None) -> Worker:
-    """A worker loading ``model`` (and the draft model) on its thread; returns at once."""
+                 status: Status = lambda _: None, learning=None) -> Worker:
+    """A worker loading ``model`` (and the draft model) on its thread; returns at once.
+    ``learning``: the worker's ``learn.session.Learning`` (None: nothing is recorded)."""
     load = loader(model, draft, dtype, progress=True)
 
     def load_saying() -> tuple[Target, Target | None]:
         status(f"loading {model}…" + (f" and draft model {draft}…" if draft else ""))
         return load()
 
-    worker = Worker(load_saying).start(wait=False)
+    worker = Worker(load_saying, learning=learning).start(wait=False)
     # a session never closed (or the app left while loading) ends its thread, releasing MLX,
     # before the process exits: waiting for a load in progress, as the load cannot be stopped
     atexit.register(worker.stop, None)
@@ -329,6 +330,9 @@ def _opening(worker: Worker, spec: SpecConfig, sampling: Mapping | SamplingConfi
                               system=system, sampling_origin=origin)
         session._build(chosen.method, status)(engine)
         session._checked = chosen.method
+        if worker.learning is not None and worker.learning.recorder is not None:
+            status(f"learning on: recording to {worker.learning.recorder.store.folder} "
+                   "(this machine only; --no-learn turns it off)")
         return session
 
     return open_on_worker
@@ -337,12 +341,12 @@ def _opening(worker: Worker, spec: SpecConfig, sampling: Mapping | SamplingConfi
 def open_session(model: str | Target, *, spec: SpecConfig, generation: GenerationConfig,
                  sampling: Mapping | SamplingConfig | None = None, system: str | None = None,
                  dtype: str | None = None, method_named: bool = True,
-                 status: Status = lambda _: None) -> ChatSession:
+                 status: Status = lambda _: None, learning=None) -> ChatSession:
     """Load ``model`` (and the draft model) on a new worker into a ready session, waiting.
     ``sampling``: the sampling options given (flags; see ``chat_sampling``); unless
     ``method_named``, the method is the interactive default for the loaded model.
     ``session.close()`` stops the worker."""
-    worker = start_worker(model, spec.draft, dtype, status)
+    worker = start_worker(model, spec.draft, dtype, status, learning)
     try:
         return worker.call(_opening(worker, spec, sampling, generation, system, method_named,
                                     status))
@@ -355,9 +359,9 @@ async def aopen_session(model: str | Target, *, spec: SpecConfig, generation: Ge
                         sampling: Mapping | SamplingConfig | None = None,
                         system: str | None = None, dtype: str | None = None,
                         method_named: bool = True,
-                        status: Status = lambda _: None) -> ChatSession:
+                        status: Status = lambda _: None, learning=None) -> ChatSession:
     """``open_session`` for asyncio: the event loop runs on while the model loads."""
-    worker = start_worker(model, spec.draft, dtype, status)
+    worker = start_worker(model, spec.draft, dtype, status, learning)
     try:
         return await worker.acall(_opening(worker, spec, sampling, generation, system,
                                            method_named, status))
