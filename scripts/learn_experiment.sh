@@ -20,6 +20,9 @@ unset EDGESPEC_LEARN
 PORT=${PORT:-8097}
 
 if [ ! -f "$OUT/use.json" ]; then
+  # a user mixes their kinds of question: the use set in a seeded shuffled order, so the
+  # newest conversations (the guard's held-out slice) are not all of one kind
+  "$PY" -c "import random,sys; l=open(sys.argv[1]).readlines(); random.Random(5).shuffle(l); open(sys.argv[2],'w').writelines(l)" "$SIM/use.jsonl" "$OUT/use_order.jsonl"
   "$ES" serve --port "$PORT" --method eagle3 --learn >"$OUT/serve.log" 2>&1 &
   SERVE=$!
   trap 'kill -INT $SERVE 2>/dev/null || true' EXIT
@@ -28,7 +31,7 @@ if [ ! -f "$OUT/use.json" ]; then
     sleep 1
   done
   "$PY" "$HERE/scripts/simulated_user.py" use --url "http://127.0.0.1:$PORT" \
-    --file "$SIM/use.jsonl" --clients 2 --max-tokens 256 --report "$OUT/use.json"
+    --file "$OUT/use_order.jsonl" --clients 2 --max-tokens 256 --report "$OUT/use.json"
   kill -INT $SERVE
   wait $SERVE || true
   trap - EXIT

@@ -126,7 +126,9 @@ def finish(domain: Domain, text: str) -> str | None:
     if opener is None:
         return None
     body = domain.clean(text[len(opener):])
-    return None if body is None else opener + (domain.joiner + body.lstrip() if domain.joiner else body)
+    if body is None:
+        return None
+    return opener + (domain.joiner + body.lstrip() if domain.joiner else body)
 
 
 def body_words(domain: Domain, question: str) -> list[str]:
@@ -361,7 +363,8 @@ def use(url: str, rows: list[dict], *, max_tokens: int, clients: int, temperatur
 
 def read_rows(path: Path) -> list[dict]:
     try:
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError) as e:
         raise ConfigError(f"--file {path}: cannot read it as jsonl ({e})") from None
     if not rows or not all(isinstance(r.get("turns"), list) and r["turns"] for r in rows):

@@ -52,8 +52,8 @@ def test_split_keeps_equal_and_overlapping_questions_on_one_side():
 
 def test_split_takes_its_fraction_from_each_domain():
     qs = [_question(PROBLEMS, n, _problem(n)) for n in range(20)]
-    qs += [_question(TRANSLATE, n, f' Regierung hat am Montag {n} neue Gesetze für die Schulen beschlossen."')
-           for n in range(10)]
+    law = ' Regierung hat am Montag {} neue Gesetze für die Schulen beschlossen."'
+    qs += [_question(TRANSLATE, n, law.format(n)) for n in range(10)]
     _, test = su.split(qs, 0.2, seed=1)
     assert Counter(q["category"] for q in test) == {"word_problems": 4, "translate_de_en": 2}
 

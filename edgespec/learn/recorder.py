@@ -12,7 +12,7 @@ Drafters that score through the target's lower layers (early exit, layer skip) c
 feature layers, so their generations are not recorded.
 
 What a step costs the decoding: copying the path's rows of three captured arrays (already
-computed for verification) to float16 host memory; the prompt keeps at most ``PROMPT_ROWS`` rows
+computed for verification) to float16 host memory, on the host alone; the prompt keeps at most ``PROMPT_ROWS`` rows
 before the answer (the head's attention context in training) and a record at most
 ``MAX_ROWS`` rows, so a long conversation cannot fill the store in one go.
 """
@@ -24,7 +24,6 @@ import logging
 import queue
 import threading
 
-import mlx.core as mx
 import numpy as np
 
 from .store import RecordStore
@@ -46,12 +45,15 @@ class Recording:
         self.failed = False
         self.full = False
 
-    def _rows(self, out, rows=None) -> np.ndarray | None:
+    def _rows(self, out, rows) -> np.ndarray | None:
+        """The captured layers' ``rows``, side by side, float16. Read on the host from arrays
+        the forward has computed: no MLX operation is queued, so a pipelined forward already in
+        flight is not waited for."""
         captured = out.captured
         if any(i not in captured for i in self.recorder.layers):
             return None
-        parts = [captured[i] if rows is None else captured[i][rows] for i in self.recorder.layers]
-        return np.asarray(mx.concatenate(parts, axis=-1).astype(mx.float16))
+        parts = [np.asarray(captured[i])[rows] for i in self.recorder.layers]
+        return np.concatenate(parts, axis=-1).astype(np.float16)
 
     def prompt(self, out) -> None:
         """The prefill's rows: positions ``start .. len(prompt_ids) - 2`` (the last prompt token
@@ -59,7 +61,7 @@ class Recording:
         n = out.captured[self.recorder.layers[0]].shape[0] if out is not None else 0
         keep = min(n, PROMPT_ROWS)
         if keep:
-            rows = self._rows(out, mx.arange(n - keep, n))
+            rows = self._rows(out, slice(n - keep, n))
             if rows is None:
                 self.failed = True
                 return
@@ -75,7 +77,7 @@ class Recording:
         if self.failed or self.full or self.rows + len(path) > MAX_ROWS:
             self.full = True  # the rows stop here: later ones would leave a gap
             return
-        rows = self._rows(out, mx.array(path, dtype=mx.int32))
+        rows = self._rows(out, np.asarray(path))
         if rows is None:
             self.failed = True
             return

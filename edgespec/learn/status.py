@@ -85,8 +85,9 @@ def describe_run(report: dict) -> str:
                  f"held out; {d.get('replay_sequences', 0)} general sequences mixed in")
     if "train" in report:
         t = report["train"]
-        lines.append(f"train: {t.get('done')}/{t.get('steps')} steps, {t.get('rows_per_s')} rows/s, "
-                     f"held-out {t.get('held_out')}")
+        lines.append(f"train: {t.get('done')}/{t.get('steps')} steps, {t.get('rows_per_s')} rows/s; "
+                     f"held-out conversations before {t.get('held_out_before')}, after "
+                     f"{t.get('held_out')}")
     if report.get("guard"):
         lines.append(f"guard: {report['guard']['decision']}")
     if report.get("head"):
