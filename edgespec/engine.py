@@ -196,13 +196,12 @@ class Engine:
         rec = self.recorder.begin(ids, start) if self.recorder is not None and record else None
         try:
             yield from self._steps(d, ids, max_new, gen, cfg, ruled, top, cache, start, held, rec)
-            if rec is not None:
-                rec.end()
-        except GeneratorExit:  # closed: cancelled or its client left; what it committed stays
-            if rec is not None:
-                rec.end()
+        except Exception:  # a failure is not recorded; a close (GeneratorExit) keeps what it
+            rec = None  # committed
             raise
         finally:
+            if rec is not None:
+                rec.end()
             # a forward asked for and never answered wrote scratch rows only: a KV cache is as
             # it was (a hybrid cache's recurrent bookkeeping may not be)
             kept = not held.lost and (not held.asked or type(cache) is KVCache)

@@ -42,6 +42,7 @@ from ..heads.formats import load_head, save_head
 from ..heads.learned import learned_head, target_dir
 from ..training import trainer
 from ..training.clock import Deadline
+from ..training.features import write_json
 from ..training.objectives import Eagle3Objective
 from ..training.vocab import vocab_coverage
 from . import versions
@@ -156,7 +157,7 @@ def run(target, model_dir: Path, s: LearnSettings, *, pause=None, log=print) -> 
     if "before" not in active:  # the starting head on the trainer's held-out conversations
         held_w = trainer.windows(data, check, objective, s.window)
         active["before"] = trainer.evaluate(objective, held_w, s.batch_size) if held_w else {}
-        versions._write_json(train_dir / "active.json", active)
+        write_json(train_dir / "active.json", active)
     result = trainer.train(objective, data, plan, train_dir / f"run-{active['id']}",
                            train_seqs=train_seqs, held_seqs=check, deadline=deadline)
     report["train"] = {k: v for k, v in result.items() if k != "history"}
@@ -203,7 +204,7 @@ def _active(train_dir: Path, records: list[Record], base, s: LearnSettings) -> d
               "train": [r.name for r in train], "held": [r.name for r in held]}
     for old in train_dir.glob("run-*"):  # an abandoned run's checkpoints
         shutil.rmtree(old, ignore_errors=True)
-    versions._write_json(path, active)
+    write_json(path, active)
     return active
 
 
@@ -222,7 +223,7 @@ def _plan(train_dir: Path, objective, data, train_seqs, s: LearnSettings, deadli
                         warmup=max(1, steps // 20), weight_decay=0.0, clip=0.5, seed=s.seed,
                         eval_every=max(1, steps // 8), checkpoint_every=s.checkpoint_every)
     active["plan"] = asdict(plan)
-    versions._write_json(train_dir / "active.json", active)
+    write_json(train_dir / "active.json", active)
     return plan
 
 
@@ -285,6 +286,6 @@ def _end(report: dict, train_dir: Path, status: str, t0: float, log, keep: bool 
         for p in [*train_dir.glob("run-*"), *train_dir.glob("data-*")]:
             shutil.rmtree(p, ignore_errors=True)
         (train_dir / "active.json").unlink(missing_ok=True)
-    versions._write_json(train_dir / "last_run.json", report)
+    write_json(train_dir / "last_run.json", report)
     log(f"learn run: {status} ({report['seconds']:.0f} s)")
     return report

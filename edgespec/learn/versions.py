@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..heads.learned import current_pointer, read_current, target_dir
+from ..training.features import write_json
 from .store import private_dir
 
 KEEP_REJECTED = 3
@@ -36,12 +37,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 def history(fp: str) -> list[dict]:
     try:
         data = json.loads((heads_dir(fp) / "history.json").read_text())
@@ -51,7 +46,7 @@ def history(fp: str) -> list[dict]:
 
 
 def _log(fp: str, event: dict) -> None:
-    _write_json(heads_dir(fp) / "history.json", [*history(fp), {"time": _now(), **event}])
+    write_json(heads_dir(fp) / "history.json", [*history(fp), {"time": _now(), **event}])
 
 
 def candidate_dir(fp: str, kind: str) -> Path:
@@ -80,7 +75,7 @@ def promote(fp: str, kind: str, candidate: Path, info: dict) -> Path:
     """Make the candidate the ``kind`` head in use; returns its version folder."""
     before = read_current(fp).get(kind)
     final = _settle(fp, kind, candidate, info, heads_dir(fp))
-    _write_json(current_pointer(fp), {**read_current(fp), kind: final.name})
+    write_json(current_pointer(fp), {**read_current(fp), kind: final.name})
     _log(fp, {"event": "promoted", "kind": kind, "version": final.name, "replaced": before,
               "why": info.get("decision")})
     return final
@@ -116,7 +111,7 @@ def rollback(fp: str, kind: str) -> tuple[str | None, str | None]:
     current = {k: v for k, v in read_current(fp).items() if k != kind}
     if back is not None:
         current[kind] = back
-    _write_json(current_pointer(fp), current)
+    write_json(current_pointer(fp), current)
     _log(fp, {"event": "rolled back", "kind": kind, "version": now, "now": back})
     return now, back
 

@@ -126,11 +126,12 @@ def _allocate(folder: Path, meta: dict, lengths: list[int]) -> None:
         arr.flush()
         del arr
     np.save(folder / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-    _write_json(folder / "meta.json", meta)
-    _write_json(folder / "progress.json", {"done": 0, "seconds": 0.0, "label_agree": [0, 0]})
+    write_json(folder / "meta.json", meta)
+    write_json(folder / "progress.json", {"done": 0, "seconds": 0.0, "label_agree": [0, 0]})
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data) -> None:
+    """``data`` as JSON at ``path``, written whole or not at all (a temporary file renamed)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
@@ -228,7 +229,7 @@ def write_features(target, answers: list[dict], folder: Path, *, aux_layers: tup
         agree += int((labels[p - 1 : -1] == np.asarray(ids[p:], dtype=np.int32)).sum())
         compared += len(ids) - p
         done, new_tokens = s + 1, new_tokens + len(ids)
-        _write_json(folder / "progress.json", {
+        write_json(folder / "progress.json", {
             "done": done, "seconds": progress["seconds"] + time.perf_counter() - t0,
             "label_agree": [agree, compared]})
         bar.update(len(ids))
