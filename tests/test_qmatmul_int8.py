@@ -113,6 +113,34 @@ def test_a_non_finite_value_gives_nan_in_its_row_only(mod):  # noqa: F811
         mod.set_isa(before)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_ties_zero_blocks_and_tiny_scales_round_alike_on_every_isa(mod, bits):  # noqa: F811
+    """The AVX-512 rounding of x and the portable one (the AVX2 form's) agree where rounding is
+    delicate: halves (amax 127 gives d = 1, so x.5 ties to even), all-zero blocks (d = 0),
+    subnormal blocks and -0.0."""
+    K = 256
+    q = _quantized(np.random.default_rng(8), 12, K, 32, bits)
+    xn = np.zeros((4, K), dtype=np.float32)
+    xn[0] = np.arange(K) % 64 - 31.5  # halves; each block's amax is 31.5 or 32.5
+    xn[0, ::32] = 127.0  # amax 127: d = 1, so every x.5 is a tie
+    xn[1, :32] = -0.0  # block 0 of row 1 all zero (d = 0); the rest ties too
+    xn[1, 32:] = np.tile(np.arange(-112.5, 112.5, 1.0, dtype=np.float32)[:224], 1)
+    xn[1, 32::32] = -127.0
+    xn[2] = np.float32(1e-40) * (np.arange(K) % 7 - 3)  # subnormal values
+    xn[3] = np.random.default_rng(9).standard_normal(K).astype(np.float32)
+    before, got = mod.isa(), []
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            got.append(np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, bits,
+                                                              q8=True)))
+    finally:
+        mod.set_isa(before)
+    assert got and np.isfinite(got[0]).all()
+    assert all(np.array_equal(got[0], other) for other in got[1:])
+    _within_twin(got[0], mx.array(xn), q, 32, bits)
+
+
 def test_int8_activations_are_the_default_and_can_be_turned_off(mod, monkeypatch):  # noqa: F811
     q = _quantized(np.random.default_rng(4), 64, 256, 32, 4)
     x = mx.array(np.random.default_rng(5).standard_normal((3, 256), dtype=np.float32))

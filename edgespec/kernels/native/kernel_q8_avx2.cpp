@@ -18,6 +18,8 @@ namespace edgespec_native {
 namespace {
 
 constexpr int kMaxRows = 4;  // rows of x a weight step is unpacked for
+// How many 4-column quads ahead the packed rows are prefetched (kernel_q8_avx512.cpp's kAhead).
+constexpr int64_t kAhead = 8;
 
 // 16 bytes at p into lane 0 and 16 at q into lane 1 (zeros for a null pointer).
 inline __m256i load2(const uint8_t* p, const uint8_t* q) {
@@ -69,7 +71,8 @@ inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m256i 
 
 // Lane (j, b) = v[j * ldg + group of block b] for the pair's columns (0 past K).
 inline __m256 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
-  const int64_t g0 = k / gs, gpc = 128 / gs, left = (K - k + gs - 1) / gs;
+  const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;  // gs is 32, 64 or 128: shifts, not divisions
+  const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
   const int n = int(left < gpc ? left : gpc);
   const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3));
   __m128 c0 = _mm_maskload_ps(v + g0, m), c1 = _mm_maskload_ps(v + ldg + g0, m);
@@ -106,12 +109,16 @@ inline __m256i dot(const __m256i lo[8], const __m256i hi[8], const int8_t* x) {
 template <int BITS, int MB>
 inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                     const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
-                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc) {
+                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
+                    int64_t pf_step) {
   alignas(32) float out[MB][8];
   for (int p = 0; p < 2; ++p) {  // columns 2p, 2p + 1
     __m256 acc[MB];
     for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+      if (pf != nullptr)  // this step's share of the packed rows kAhead quads on (2 per pair)
+        for (int64_t q = (2 * st + p) * pf_step; q < (2 * st + p + 1) * pf_step; q += 64)
+          __builtin_prefetch(pf + q, 0, 2);
       __m256i lo[8], hi[8];
       rounds<BITS>(wq + 2 * p * ldq, ldq, k, K, lo, hi);
       const __m256 sv = per_lane(s + 2 * p * ldg, ldg, k, K, gs);
@@ -135,9 +142,19 @@ template <int BITS>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
+  // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
+  // spread over its steps, and their scales and biases at once (as the VNNI form does).
+  const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
+  const int64_t steps = (K + 127) / 128;
+  const int64_t pf_step = (4 * ldq + 2 * steps * 64 - 1) / (2 * steps * 64) * 64;
+  if (pf != nullptr)
+    for (int64_t p = 0; p < 4 * ldg * 4; p += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(s + kAhead * 4 * ldg) + p, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const char*>(b + kAhead * 4 * ldg) + p, 0, 2);
+    }
 #define Q8ROWS(MB, m)                                                                          \
   q8block<BITS, MB>(xr + (m) * ldr, ldr, xd + (m) * ldf, xs + (m) * ldf, ldf, w, ldq, s, b, ldg, \
-                    y + (m) * ldy, ldy, K, gs, nc)
+                    y + (m) * ldy, ldy, K, gs, nc, (m) == 0 ? pf : nullptr, pf_step)
   int64_t m = 0;
   for (; m + kMaxRows <= M; m += kMaxRows) Q8ROWS(kMaxRows, m);
   switch (M - m) {

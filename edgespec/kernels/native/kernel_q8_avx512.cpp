@@ -23,6 +23,9 @@ namespace {
 
 // Rows of x a weight step is unpacked for (16 was tried and was not faster).
 constexpr int kMaxRows = 8;
+// How many 4-column quads ahead the packed rows are prefetched (as kernel_q_blocks.inc's
+// kAhead for float x).
+constexpr int64_t kAhead = 8;
 
 inline __mmask64 byte_mask(int64_t n) {
   return n >= 64 ? ~__mmask64(0) : n <= 0 ? __mmask64(0) : (__mmask64(1) << n) - 1;
@@ -79,17 +82,18 @@ inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m512i 
 // Lane (j, b) = v[j * ldg + group of block b] for the step at k (0 past K): the 4 columns'
 // scales or biases of the step's groups.
 inline __m512 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
-  const int64_t g0 = k / gs, gpc = 128 / gs, left = (K - k + gs - 1) / gs;
+  const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;  // gs is 32, 64 or 128: shifts, not divisions
+  const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
   const unsigned n = unsigned(left < gpc ? left : gpc), bits = (1u << n) - 1u;
   __m512 out = _mm512_setzero_ps();
   for (int j = 0; j < 4; ++j)  // lanes 4j .. 4j + n - 1 from v[j * ldg + g0 ..]
     out = _mm512_mask_loadu_ps(out, __mmask16(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
   if (gs == 32) return out;
-  const int sh = gs == 64 ? 1 : 2;  // block b's group in the step: b >> sh
+  const int bsh = sh - 5;  // block b's group in the step: b >> bsh
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i j4 = _mm512_andnot_si512(_mm512_set1_epi32(3), lane);
   const __m512i b = _mm512_and_si512(lane, _mm512_set1_epi32(3));
-  return _mm512_permutexvar_ps(_mm512_or_si512(j4, _mm512_srli_epi32(b, sh)), out);
+  return _mm512_permutexvar_ps(_mm512_or_si512(j4, _mm512_srli_epi32(b, bsh)), out);
 }
 
 inline __m512i bcast16(const int8_t* p) {
@@ -101,10 +105,13 @@ inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_p
 template <int BITS, int MB>
 inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                     const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
-                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc) {
+                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
+                    int64_t pf_step) {
   __m512 acc[MB];
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+    if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
+      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64) __builtin_prefetch(pf + p, 0, 2);
     __m512i r[8];
     rounds<BITS>(wq, ldq, k, K, r);
     const __m512 sv = per_lane(s, ldg, k, K, gs), bv = per_lane(b, ldg, k, K, gs);
@@ -139,22 +146,71 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
   using Fn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*,
                       int64_t, const float*, const float*, int64_t, float*, int64_t, int64_t,
-                      int64_t, int);
+                      int64_t, int, const uint8_t*, int64_t);
   static constexpr Fn table[] = {
       q8block<BITS, 1>,  q8block<BITS, 2>,  q8block<BITS, 3>,  q8block<BITS, 4>,
       q8block<BITS, 5>,  q8block<BITS, 6>,  q8block<BITS, 7>,  q8block<BITS, 8>,
   };
   static_assert(sizeof(table) / sizeof(table[0]) == kMaxRows);
-  for (int64_t m = 0; m < M; m += kMaxRows) {
+  // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
+  // spread over its steps, and their scales and biases at once: nothing else brings the next
+  // weights in while this quad computes (a one-row product waited on its loads).
+  const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
+  const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
+  if (pf != nullptr)
+    for (int64_t p = 0; p < 4 * ldg * 4; p += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(s + kAhead * 4 * ldg) + p, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const char*>(b + kAhead * 4 * ldg) + p, 0, 2);
+    }
+  for (int64_t m = 0; m < M; m += kMaxRows, pf = nullptr) {
     const int64_t mb = M - m < kMaxRows ? M - m : kMaxRows;
     table[mb - 1](xr + m * ldr, ldr, xd + m * ldf, xs + m * ldf, ldf, w, ldq, s, b, ldg,
-                  y + m * ldy, ldy, K, gs, nc);
+                  y + m * ldy, ldy, K, gs, nc, pf, pf_step);
   }
 }
 
 #include "q8_rows.inc"
 
 }  // namespace
+
+void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
+                       int64_t ldr, float* xd, float* xs, int64_t ldf) {
+  const __m512 fmax = _mm512_set1_ps(3.40282347e38f), magic = _mm512_set1_ps(12582912.0f);
+  // 4 bits: even values then odd ones in each 16-byte half (dwords e0 e1 e4 e5 | e2 e3 e6 e7)
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  static constexpr int kRound4[8] = {0, 1, 4, 5, 2, 3, 6, 7};  // dword i of the halves: round e
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      const float* xb = x + m * ldx + k0;
+      const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
+      const __m512 aa = _mm512_abs_ps(a), ab = _mm512_abs_ps(b);
+      const bool finite = _mm512_cmp_ps_mask(aa, fmax, _CMP_LE_OQ) == 0xFFFF &&
+                          _mm512_cmp_ps_mask(ab, fmax, _CMP_LE_OQ) == 0xFFFF;
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab));
+      const float d = finite ? amax / 127.0f : __builtin_nanf("");
+      __m512i qa = _mm512_setzero_si512(), qb = _mm512_setzero_si512();
+      if (finite && d > 0.0f) {
+        const __m512 dv = _mm512_set1_ps(d);
+        qa = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_div_ps(a, dv), magic), magic));
+        qb = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_div_ps(b, dv), magic), magic));
+      }
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      const int64_t st = k0 / 128, blk = (k0 % 128) / 32;
+      __m128i lo = _mm512_cvtepi32_epi8(qa), hi = _mm512_cvtepi32_epi8(qb);
+      if (bits == 4) {
+        lo = _mm_shuffle_epi8(lo, split);
+        hi = _mm_shuffle_epi8(hi, split);
+      }
+      alignas(16) int32_t dw[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(dw), lo);
+      _mm_store_si128(reinterpret_cast<__m128i*>(dw + 4), hi);
+      int8_t* step = xr + m * ldr + st * 128 + 4 * blk;
+      for (int i = 0; i < 8; ++i)
+        __builtin_memcpy(step + 16 * (bits == 4 ? kRound4[i] : i), dw + i, 4);
+      xd[m * ldf + st * 4 + blk] = d;
+      xs[m * ldf + st * 4 + blk] = d * static_cast<float>(sum);
+    }
+}
 
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,

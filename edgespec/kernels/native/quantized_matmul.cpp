@@ -109,6 +109,7 @@ struct QJob {
   // Set by run_qjob: more than 4 rows, dequantize each column block once (kernel_q.h's buf);
   // dequantized_gemm_rows() or more, each chunk dequantized, then the float kernel.
   bool buffered = false, gemm = false;
+  int form = 0;  // q8_form(), asked once per job
 };
 
 void run_qchunk(void* ctx, int64_t chunk) {
@@ -116,7 +117,7 @@ void run_qchunk(void* ctx, int64_t chunk) {
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
   if (j.q8)
-    return (q8_form() == 2 ? q8rows_avx512vnni : q8rows_avx2)(
+    return (j.form == 2 ? q8rows_avx512vnni : q8rows_avx2)(
         j.bits, j.xr, j.ldr, j.xd, j.xs, j.ldf, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
         j.gs, n0, n1);
   if (j.gemm) {
@@ -162,20 +163,18 @@ void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K
 
 // x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's round layout:
 // d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does it.
+// x rounded to int8 in kernel_q.h's layout, in this thread's buffers (valid until its next
+// call).
 struct X8 {
-  std::vector<int8_t> xr;
-  std::vector<float> xd, xs;
+  const int8_t* xr;
+  const float *xd, *xs;
   int64_t ldr, ldf;
 };
 
-X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits) {
-  X8 r;
-  const int64_t steps = (K + 127) / 128;
-  r.ldr = steps * 128;
-  r.ldf = steps * 4;
-  r.xr.assign(M * r.ldr, 0);
-  r.xd.assign(M * r.ldf, 0.0f);
-  r.xs.assign(M * r.ldf, 0.0f);
+// kernel_q.h's rounding in portable C++ (q8quantize_avx512 gives the same bits) into xr, xd,
+// xs, zeroed past K by the caller.
+void quantize_x8_portable(const float* x, int64_t ldx, int64_t M, int64_t K, int bits,
+                          int8_t* xr, int64_t ldr, float* xd, float* xs, int64_t ldf) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k0 = 0; k0 < K; k0 += 32) {
       const float* xb = x + m * ldx + k0;
@@ -188,7 +187,7 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits) {
       // A NaN or infinity makes the block's scale NaN, so it reaches the outputs as NaN.
       const float d = finite ? amax / 127.0f : std::nanf("");
       const int64_t st = k0 / 128, blk = (k0 % 128) / 32;
-      int8_t* step = r.xr.data() + m * r.ldr + st * 128;
+      int8_t* step = xr + m * ldr + st * 128;
       int sum = 0;
       for (int t = 0; t < 32; ++t) {
         // round half to even: adding and taking away 1.5 * 2^23 leaves |v| <= 127 rounded as
@@ -201,16 +200,36 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits) {
         const int byte = bits == 8 ? t % 4 : (t / 2) % 4;
         step[e * 16 + 4 * blk + byte] = static_cast<int8_t>(q);
       }
-      r.xd[m * r.ldf + st * 4 + blk] = d;
-      r.xs[m * r.ldf + st * 4 + blk] = d * static_cast<float>(sum);
+      xd[m * ldf + st * 4 + blk] = d;
+      xs[m * ldf + st * 4 + blk] = d * static_cast<float>(sum);
     }
-  return r;
 }
 
-// A weight as it is where it is already evaluated and row-contiguous, else mx::contiguous of
-// it. mx::contiguous copies a row-contiguous view too when its buffer is much larger than the
-// view, which every weight placed in targets/weight_arena's shared buffers is (a prefill
-// would copy every packed weight it reads).
+// form: q8_form() (2: the AVX-512 rounding, else the portable one).
+X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int form) {
+  thread_local std::vector<int8_t> rounds;
+  thread_local std::vector<float> floats;
+  const int64_t steps = (K + 127) / 128, ldr = steps * 128, ldf = steps * 4;
+  if (static_cast<int64_t>(rounds.size()) < M * ldr) rounds.resize(M * ldr);
+  if (static_cast<int64_t>(floats.size()) < 2 * M * ldf) floats.resize(2 * M * ldf);
+  int8_t* xr = rounds.data();
+  float *xd = floats.data(), *xs = xd + M * ldf;
+  if (K % 128 != 0)  // the last step's room past K
+    for (int64_t m = 0; m < M; ++m) {
+      std::memset(xr + m * ldr + steps * 128 - 128, 0, 128);
+      std::memset(xd + m * ldf + ldf - 4, 0, 4 * sizeof(float));
+      std::memset(xs + m * ldf + ldf - 4, 0, 4 * sizeof(float));
+    }
+#if defined(__x86_64__) || defined(_M_X64)
+  if (form == 2) {
+    q8quantize_avx512(bits, x, ldx, M, K, xr, ldr, xd, xs, ldf);
+    return {xr, xd, xs, ldr, ldf};
+  }
+#endif
+  quantize_x8_portable(x, ldx, M, K, bits, xr, ldr, xd, xs, ldf);
+  return {xr, xd, xs, ldr, ldf};
+}
+
 mx::array as_rows(const mx::array& a, mx::Stream s) {
   return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
 }
@@ -221,16 +240,17 @@ void check(bool ok, const std::string& what) {
 
 void run_qjob(QJob job) {
   if (job.M == 0 || job.N == 0) return;
-  job.q8 = job.q8 && q8_form() != 0;  // the op and the block ask has_q8_activations() first
+  job.form = q8_form();
+  job.q8 = job.q8 && job.form != 0;  // the op and the block ask has_q8_activations() first
   job.gemm = !job.q8 && job.isa != 0 && job.M >= dequantized_gemm_rows();
   job.buffered = !job.q8 && !job.gemm && job.isa != 0 && job.M > 4 && buffered_dequantization();
   std::vector<float> xp;
-  X8 x8;
+  X8 x8{};
   if (job.q8) {
-    x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.bits);
-    job.xr = x8.xr.data();
-    job.xd = x8.xd.data();
-    job.xs = x8.xs.data();
+    x8 = quantize_x8(job.x, job.ldx, job.M, job.K, job.bits, job.form);
+    job.xr = x8.xr;
+    job.xd = x8.xd;
+    job.xs = x8.xs;
     job.ldr = x8.ldr;
     job.ldf = x8.ldf;
   } else if (job.bits == 4 && job.isa != 0) {
