@@ -231,19 +231,33 @@ def test_a_run_without_an_eagle3_head_says_so(model, no_replay, monkeypatch, tmp
         "no eagle3 head to start from"
 
 
-def test_idle_learning_is_due_with_new_answers_or_a_paused_run(model, no_replay):
+def _trained_through(target, name: str) -> None:
+    """As a run that trained leaves it: its report names the newest record it could use."""
+    train = target_dir(fingerprint(target)) / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    (train / "last_run.json").write_text(json.dumps({"data": {"trained_through": name}}))
+
+
+def test_idle_learning_is_due_when_a_run_would_train_or_one_is_paused(model, no_replay):
+    """``due`` counts as ``run`` does: the training split (the newest records held out) needs
+    ``min_answer_tokens``, and that many must be new since the last run that trained."""
     path, target = model
     learning = Learning("serve", min_answer_tokens=20)
     assert not learning.due(target)
-    _record(target, TEXTS[:2], tokens=8)
-    assert not learning.due(target)  # 16 answer tokens
-    _record(target, TEXTS[2:3], tokens=8)
-    assert learning.due(target)
-    run(target, path, _settings(), log=lambda m: None)  # waits for more use: a run all the same
-    assert not learning.due(target)  # nothing new since the last run
+    _record(target, TEXTS[:3], tokens=8)  # 24 answer tokens, 16 of them in the training split
+    assert not learning.due(target)
+    report = run(target, path, _settings(), log=lambda m: None)
+    assert report["status"].startswith("waiting for more use")  # as due said
+    _record(target, TEXTS[3:5], tokens=8)  # 40 in all: 24 to train on (two held out)
+    assert learning.due(target)  # the waiting run did not restart the count
+    _trained_through(target, record_store(target).records()[-1].name)
+    assert not learning.due(target)  # nothing new since the last run that trained
+    _record(target, TEXTS[:3], tokens=8)
+    assert learning.due(target)  # 24 new answer tokens
+    _trained_through(target, record_store(target).records()[-1].name)
     train = target_dir(fingerprint(target)) / "train"
     (train / "active.json").write_text("{}")
-    assert learning.due(target)
+    assert learning.due(target)  # a paused run
 
 
 def test_idle_learning_sees_new_records_in_a_full_store(model, no_replay):
@@ -251,22 +265,36 @@ def test_idle_learning_sees_new_records_in_a_full_store(model, no_replay):
     the same, the new ones are still new."""
     path, target = model
     store = record_store(target, 1)
+    layers = list(aux_layers(target))
 
-    def add(n=8):
+    def add(n=30):
         aux = np.zeros((20_000, 4), np.float16)  # with its tokens ~240 kB: four fit in 1 MiB
         store.add(aux, np.arange(20_001, dtype=np.int32),
-                  {"prompt_ids": [1, 2], "first": 0, "answer_row": 1, "answer_tokens": n})
+                  {"prompt_ids": [1, 2], "first": 0, "answer_row": 1, "answer_tokens": n,
+                   "aux_layers": layers})
 
     for _ in range(5):
         add()
     full = len(store.records())
     assert full == 4
-    run(target, path, _settings(), log=lambda m: None)
-    learning = Learning("serve", budget_mb=1, min_answer_tokens=20)
+    learning = Learning("serve", budget_mb=1, min_answer_tokens=50)
+    assert learning.due(target)
+    _trained_through(target, store.records()[-1].name)
     assert not learning.due(target)
-    for _ in range(3):
-        add()
-    assert len(store.records()) == full and learning.due(target)  # 24 new answer tokens
+    add()
+    assert not learning.due(target)  # 30 new answer tokens
+    add()
+    assert len(store.records()) == full and learning.due(target)  # 60
+
+
+def test_a_model_s_learn_folders_are_private(model, no_replay):
+    import stat
+
+    path, target = model
+    _record(target, TEXTS[:1], tokens=4)
+    root = target_dir(fingerprint(target))
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(root) == 0o700 and mode(root / "records") == 0o700
 
 
 # ---- the command line -----------------------------------------------------------------------

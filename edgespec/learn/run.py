@@ -103,6 +103,15 @@ def split_history(records: list[Record], s: LearnSettings) -> tuple[list[Record]
     return records[: len(records) - held], records[len(records) - held :]
 
 
+def last_trained(train_dir: Path) -> str:
+    """The newest record the last run that trained could use ("" before any): the last run's
+    report keeps it, and a run that stops before training carries the previous one over."""
+    try:
+        return str(json.loads((train_dir / "last_run.json").read_text())["data"]["trained_through"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def run(target, model_dir: Path, s: LearnSettings, *, pause=None, log=print) -> dict:
     """Learn from the records (see the module doc); returns the report."""
     t0 = time.perf_counter()
@@ -123,13 +132,14 @@ def run(target, model_dir: Path, s: LearnSettings, *, pause=None, log=print) -> 
     user_tokens = sum(r.answer_tokens for r in train_recs)
     report["data"] = {"records": len(records), "train_records": len(train_recs),
                       "held_records": len(held_recs), "train_answer_tokens": user_tokens,
-                      "newest": records[-1].name if records else ""}  # what `due` counts from
+                      "trained_through": last_trained(train_dir)}  # what `due` counts from
     report["corpus"] = _corpus(target, fp, records)
     if base is None:
         return _end(report, train_dir, "no eagle3 head to start from", t0, log)
     if user_tokens < s.min_answer_tokens or not held_recs:
         return _end(report, train_dir, f"waiting for more use: {user_tokens} answer tokens "
                     f"recorded for training, {s.min_answer_tokens} needed", t0, log)
+    report["data"]["trained_through"] = usable[-1].name  # this run trains on all up to it
     config, head = load_head(base, target)
     report["base"] = str(base)
     log(f"learning from {len(train_recs)} conversations ({user_tokens} answer tokens); "

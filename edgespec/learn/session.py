@@ -11,8 +11,8 @@ Contract:
   with its byte budget.
 - With ``when_idle``, the worker calls ``idle(target, model_dir)`` on its own thread after no
   request has arrived for ``idle_after_s`` seconds; it runs ``learn.run`` (budget
-  ``idle_budget_s``) when there is a paused run to finish or at least ``min_answer_tokens`` new
-  answer tokens since the last run. ``pause`` is cleared by the worker before it starts waiting
+  ``idle_budget_s``) when there is a paused run to finish or a run would train (``due``: enough
+  answer tokens to train on, that many new since the last run that trained). ``pause`` is cleared by the worker before it starts waiting
   for a request and set as soon as one is submitted: training stops at its next step (with a checkpoint), the guard between prompts, and
   the request runs; the next idle spell resumes the run.
 """
@@ -85,17 +85,25 @@ class Learning:
             self.recorder.close()
 
     def due(self, target) -> bool:
-        """A paused run to finish, or enough new answer tokens since the last run."""
+        """A paused run to finish, or a run that would train: as ``learn.run`` counts, at least
+        ``min_answer_tokens`` answer tokens in the training split of the usable records (those
+        with the head's feature layers), and that many recorded since the last run that trained.
+        A run that found too little data does not restart the count, and one that trained is not
+        repeated on the same records."""
+        from .run import LearnSettings, last_trained, split_history
+
         root = target_dir(fingerprint(target))
         if (root / "train" / "active.json").is_file():
             return True
-        try:  # by name (age), not count: a full store drops one old record for each new one
-            last = json.loads((root / "train" / "last_run.json").read_text())
-            newest = str(last["data"]["newest"])
-        except (OSError, ValueError, KeyError, TypeError):
-            newest = ""
-        new = [r for r in record_store(target, self.budget_mb).records() if r.name > newest]
-        return sum(r.answer_tokens for r in new) >= self.min_answer_tokens
+        layers = list(aux_layers(target))
+        usable = [r for r in record_store(target, self.budget_mb).records()
+                  if r.meta.get("aux_layers") == layers]
+        train, held = split_history(usable, LearnSettings(min_answer_tokens=self.min_answer_tokens))
+        if not held or sum(r.answer_tokens for r in train) < self.min_answer_tokens:
+            return False
+        # by name (age), not count: a full store drops one old record for each new one
+        since = last_trained(root / "train")
+        return sum(r.answer_tokens for r in usable if r.name > since) >= self.min_answer_tokens
 
     def idle(self, target, model_dir: Path | None) -> dict | None:
         """One idle spell's learning (on the worker's thread), or None when nothing is due."""

@@ -61,8 +61,17 @@ class Record:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` made (with its parents) and readable by this user alone."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """``path`` made and readable by this user alone; so is every missing folder above it that
+    this makes (``mkdir(parents=True)`` would leave those open to everyone: a model's learn
+    folder, the learn root)."""
+    missing = []
+    at = path
+    while not at.exists():
+        missing.append(at)
+        at = at.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
     os.chmod(path, 0o700)
     return path
 
