@@ -6,6 +6,8 @@ request and stops it when the worker stops. Waits are on events; timeouts only f
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 
 import mlx.core as mx
@@ -295,8 +297,10 @@ def test_a_record_at_its_row_limit_stops_without_a_gap(tmp_path, monkeypatch):
 
 
 def test_an_idle_worker_runs_learning_once_enough_was_recorded(target, head, monkeypatch):
-    """The real ``Learning.idle``: after two recorded generations (enough for this setting) the
-    idle worker runs ``learn.run`` on its own thread, with the worker's pause event."""
+    """The real ``Learning.idle``: after three recorded generations (12 answer tokens in the
+    training split, enough for this setting) the idle worker runs ``learn.run`` on its own
+    thread, with the worker's pause event (the run itself is then asked for more data than
+    there is, so that it ends before training)."""
     from edgespec.learn import run as run_mod
 
     monkeypatch.setenv("EDGESPEC_HEADS", str(head[0].parent))
@@ -306,7 +310,8 @@ def test_an_idle_worker_runs_learning_once_enough_was_recorded(target, head, mon
     def watched(target_, model_dir, settings, *, pause=None, log=print):
         ran.append((threading.current_thread().name, pause is learning.pause, model_dir))
         try:
-            reports.append(real(target_, model_dir, settings, pause=pause, log=log))
+            more = dataclasses.replace(settings, min_answer_tokens=10**6)
+            reports.append(real(target_, model_dir, more, pause=pause, log=log))
             return reports[-1]
         finally:
             done.set()
@@ -316,11 +321,11 @@ def test_an_idle_worker_runs_learning_once_enough_was_recorded(target, head, mon
     learning = Learning("serve", when_idle=True, idle_after_s=0.05, min_answer_tokens=10)
     worker = Worker(loader(target), learning=learning).start()
     try:
-        for text in ("the cat", "hello there"):
+        for text in ("the cat", "hello there", "tell me about the sea"):
             assert isinstance(_generate(worker, target, text)[-1], Done)
         assert done.wait(30), "idle learning never ran"
     finally:
         worker.stop(timeout=20)
     assert ran[0] == (worker._thread.name, True, target.path)
     assert reports[0]["status"].startswith("waiting for more use")  # the run's own minimum
-    assert reports[0]["data"]["records"] == 2 and learning.last is reports[0]
+    assert reports[0]["data"]["records"] == 3 and learning.last is reports[0]
