@@ -17,8 +17,9 @@ share is the ratio of their medians, with each round's own share beside it.
 
 The compute floor: a forward over n tokens does n multiply-adds per weight it streams, so its
 products take at least n x (those weights) / (the multiply-adds per second the cores sustain in
-an FMA loop, measured by the native module's ``fma_peak``); a verify of n tokens can cost about
-what one costs only while that floor stays under the bandwidth floor of one token. The same loop
+an FMA loop, measured by the native module's ``fma_peak``; for a kept-quantized model whose
+products round x to int8, a loop of ``vpdpbusd``, ``q8_peak``); a verify of n tokens can cost
+about what one costs only while that floor stays under the bandwidth floor of one token. The same loop
 on one thread alone, taking turns with all of them, says whether the cores really are separate
 at the moment: on small shared VMs the host sometimes runs two of them on one physical core (two
 loops side by side then get half a core each), which doubles the cost of many-row products.
@@ -171,6 +172,22 @@ def fma_rates() -> tuple[float, float, float, int] | None:
             mod.threads())
 
 
+def int8_rate(target) -> float | None:
+    """Int8 multiply-adds per second of the vpdpbusd loop on all the kernels' threads (the best
+    of ``_FMA_ROUNDS`` rounds) when ``target``'s products take int8 activations (kept quantized,
+    every block native, the AVX-512 VNNI form); None otherwise: the FMA loop is then their
+    ceiling."""
+    from .kernels import native  # noqa: PLC0415
+    from .kernels.backend import use_q8_activations  # noqa: PLC0415
+
+    mod = native.load()
+    if (mod is None or not target.quantized or not target.model.native_blocks()
+            or not use_q8_activations(4) or not hasattr(mod, "q8_peak")):
+        return None
+    rate = max(mod.q8_peak(1) for _ in range(_FMA_ROUNDS))
+    return rate or None
+
+
 def curve_verdict(ratio: float) -> str:
     """What an 8-token / 1-token forward ratio says about speculation on this machine."""
     if ratio <= FRIENDLY_RATIO:
@@ -202,7 +219,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
     decode, bandwidths = decode_and_bandwidth(Engine(target))
     bandwidth, weight_bytes = statistics.median(bandwidths), streamed_bytes(target)
     shares = [t * weight_bytes / b for t, b in zip(decode, bandwidths)]
-    rates = fma_rates()
+    rates, int8 = fma_rates(), int8_rate(target)
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -227,6 +244,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "fma_one_thread_g_per_s": None if rates is None else round(rates[1] / 1e9, 1),
         "fma_threads_ratio": None if rates is None else round(rates[2], 2),
         "kernel_threads": None if rates is None else rates[3],
+        "int8_g_per_s": None if int8 is None else round(int8 / 1e9, 1),
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
         "expert_read_share": _expert_read(target),
     }
@@ -288,9 +306,12 @@ def format_findings(f: dict) -> str:
                      "huge pages, as the read's own array is (EDGESPEC_HUGE_PAGES=0 turns it off)")
     if f["fma_g_per_s"]:
         floor1 = 1e3 / f["bandwidth_limit_tok_s"]
-        per = f["multiply_adds_per_token_m"] * 1e6 / (f["fma_g_per_s"] * 1e9) * 1e3  # ms a token
+        # the quantized products' ceiling is the int8 loop's where they take int8 x
+        rate, loop = ((f["int8_g_per_s"], "int8 vpdpbusd loop: the products round x to int8")
+                      if f.get("int8_g_per_s") else (f["fma_g_per_s"], "FMA loop"))
+        per = f["multiply_adds_per_token_m"] * 1e6 / (rate * 1e9) * 1e3  # ms a token
         lines.append(
-            f"compute    {f['fma_g_per_s']:.0f} G multiply-adds/s (FMA loop, all cores) x "
+            f"compute    {rate:.0f} G multiply-adds/s ({loop}, all cores) x "
             f"{f['multiply_adds_per_token_m']:.0f} M a token: products of 8 tokens >= "
             f"{8 * per:.1f} ms, 16 >= {16 * per:.1f} ms; against 1 token's bandwidth floor "
             f"({floor1:.1f} ms): 8/1 >= {max(1.0, 8 * per / floor1):.2f}x, "
@@ -298,7 +319,7 @@ def format_findings(f: dict) -> str:
         threads, ratio = f["kernel_threads"], f["fma_threads_ratio"]
         shared = threads > 1 and ratio < 0.75 * threads
         lines.append(
-            f"           one thread alone {f['fma_one_thread_g_per_s']:.0f} G; {threads} threads "
+            f"           FMA loop: one thread alone {f['fma_one_thread_g_per_s']:.0f} G; {threads} threads "
             f"together {ratio:.2f}x that (median of {_FMA_ROUNDS} rounds)"
             + (": their cores share FMA units now (an SMT pair, or a busy host), so forwards of "
                "many tokens cost up to 2x more than the floor above" if shared else ""))

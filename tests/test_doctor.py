@@ -72,6 +72,41 @@ def test_multiply_adds_per_token_counts_weights_not_bytes(tiny_models, tmp_path)
     assert doctor.multiply_adds_per_token(q) == n  # 4-bit: as many weights, fewer bytes
 
 
+FINDINGS = {  # what run_doctor returns, made up
+    "blas": {"name": "openblas", "status": "active", "path": "x", "provider": "p",
+             "loaded_at_import": "openblas"},
+    "forward_ms": {1: 10.0, 2: 10.0, 4: 11.0, 8: 12.0, 16: 16.0}, "forward_ratio_8_vs_1": 1.2,
+    "edgespec": "0", "mlx": "0", "python": "3", "platform": "Linux x", "device": "cpu",
+    "gpu_available": False, "native_kernels": "active", "metal_kernels": "off", "model": "m",
+    "dtype": "native", "layers": 2, "quantized": True, "other_curve": None,
+    "plain_decode_tok_s": 100.0, "bandwidth_gb_s": 30.0, "streamed_weights_mb": 100.0,
+    "bandwidth_limit_tok_s": 250.0, "huge_page_mb": None, "bandwidth_share_rounds": [0.4],
+    "fma_g_per_s": 100.0, "fma_one_thread_g_per_s": 50.0, "fma_threads_ratio": 2.0,
+    "kernel_threads": 2, "int8_g_per_s": None, "multiply_adds_per_token_m": 100.0,
+    "expert_read_share": None}
+
+
+def test_the_compute_floor_of_int8_products_is_the_vpdpbusd_loop():
+    """A quantized model whose products take int8 x gets its floor from the int8 loop's rate
+    (a float model, or a CPU without the VNNI form, from the FMA loop's)."""
+    floats = doctor.format_findings(FINDINGS)
+    ints = doctor.format_findings(dict(FINDINGS, int8_g_per_s=400.0))
+    assert "100 G multiply-adds/s (FMA loop, all cores)" in floats and "8 tokens >= 8.0 ms" in floats
+    assert "400 G multiply-adds/s (int8 vpdpbusd loop" in ints and "8 tokens >= 2.0 ms" in ints
+    assert "one thread alone 50 G" in ints  # the FMA loop's threads line stays
+
+
+def test_the_vpdpbusd_loop_rate_is_plausible_or_absent():
+    from edgespec.kernels import native
+
+    mod = native.load()
+    if mod is None:
+        pytest.skip("no native module")
+    rate = mod.q8_peak(1)
+    assert rate == 0.0 if not mod.q8_vnni() else 1e9 < rate < 1e14
+    assert doctor.int8_rate(type("T", (), {"quantized": False})()) is None  # a float model
+
+
 def test_fma_rates_are_plausible_speeds():
     rates = doctor.fma_rates()
     if rates is not None:

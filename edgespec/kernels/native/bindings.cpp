@@ -111,5 +111,8 @@ NB_MODULE(_edgespec_native, m) {
   m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5, "all_threads"_a = true,
         "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "
         "rounds): the compute ceiling; all_threads=False: the calling thread alone.");
+  m.def("q8_peak", &edgespec_native::q8_peak, "rounds"_a = 5, "all_threads"_a = true,
+        "Int8 multiply-adds per second the kernels' threads sustain in a vpdpbusd loop (best of "
+        "rounds): the int8 form's compute ceiling; 0 where the AVX-512 VNNI form does not run.");
   m.attr("built_for_mlx") = EDGESPEC_MLX_VERSION;
 }

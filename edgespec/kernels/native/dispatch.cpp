@@ -7,7 +7,9 @@
 #include <cstdlib>
 
 #include "kernel.h"
+#include "kernel_q.h"
 #include "pool.h"
+#include "quantized_matmul.h"
 
 namespace edgespec_native {
 
@@ -111,7 +113,7 @@ int threads() { return Pool::get().threads(); }
 namespace {
 
 struct PeakJob {
-  int lanes;
+  int lanes;  // multiply-adds per instruction (16, 8, 1: the FMA loops; 64: the vpdpbusd loop)
   int64_t iters;
   std::atomic<uint32_t> sink{0};
 };
@@ -120,6 +122,7 @@ void run_peak_chunk(void* ctx, int64_t) {
   auto& j = *static_cast<PeakJob*>(ctx);
   float s = 0.0f;
 #if defined(__x86_64__) || defined(_M_X64)
+  if (j.lanes == 64) s = static_cast<float>(q8_dot_loop_avx512vnni(j.iters) & 1);
   if (j.lanes == 16) s = fma_loop_avx512(j.iters);
   if (j.lanes == 8) s = fma_loop_avx2(j.iters);
 #endif
@@ -135,11 +138,11 @@ void run_peak_chunk(void* ctx, int64_t) {
 
 }  // namespace
 
-double fma_peak(int rounds, bool all_threads) {
-  const std::string name = isa();
-  PeakJob job;
-  job.lanes = name == "avx512" ? 16 : name == "avx2" ? 8 : 1;
-  job.iters = 200000;  // 2.4 M vector FMAs a chunk
+namespace {
+
+// The best of `rounds` timings of `chunks` chunks of `job` (all threads, or the calling one
+// alone), in multiply-adds per second.
+double peak_rate(PeakJob& job, int rounds, bool all_threads) {
   const int64_t chunks = 8 * (all_threads ? threads() : 1);
   double best = 0.0;
   for (int r = 0; r < rounds; ++r) {
@@ -153,6 +156,24 @@ double fma_peak(int rounds, bool all_threads) {
     if (rate > best) best = rate;
   }
   return best;
+}
+
+}  // namespace
+
+double q8_peak(int rounds, bool all_threads) {
+  if (!q8_vnni()) return 0.0;
+  PeakJob job;
+  job.lanes = 64;
+  job.iters = 200000;
+  return peak_rate(job, rounds, all_threads);
+}
+
+double fma_peak(int rounds, bool all_threads) {
+  const std::string name = isa();
+  PeakJob job;
+  job.lanes = name == "avx512" ? 16 : name == "avx2" ? 8 : 1;
+  job.iters = 200000;  // 2.4 M vector FMAs a chunk
+  return peak_rate(job, rounds, all_threads);
 }
 
 void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,

@@ -25,6 +25,10 @@ int threads();
 // (beside the other, this shows whether the threads' cores share FMA units at the moment).
 double fma_peak(int rounds, bool all_threads = true);
 
+// The same for the int8 form's vpdpbusd loop (int8 multiply-adds per second); 0 where the
+// AVX-512 VNNI form does not run.
+double q8_peak(int rounds, bool all_threads = true);
+
 // y (M, N; row stride ldy) = x (M, K; row stride ldx) @ w (N, K; row stride ldw).T, N split
 // over the pool's threads when the product is big enough to pay for waking them.
 void small_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,

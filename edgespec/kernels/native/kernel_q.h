@@ -52,6 +52,9 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // quantized_matmul.cpp's portable quantize_x8; AVX-512 (BW), used where the VNNI form runs.
 void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
                        int64_t ldr, float* xd, float* xs, int64_t ldf);
+// 12 independent chains x iters vpdpbusd (64 int8 multiply-adds each); returns their sum (the
+// int8 form's compute ceiling, as kernel.h's fma loops are the float kernels').
+int32_t q8_dot_loop_avx512vnni(int64_t iters);
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
                        const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,

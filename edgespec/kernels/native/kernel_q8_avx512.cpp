@@ -212,6 +212,19 @@ void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t
     }
 }
 
+int32_t q8_dot_loop_avx512vnni(int64_t iters) {
+  __m512i acc[12];
+  // operands that depend on iters, so the compiler cannot fold the chains
+  const __m512i a = _mm512_set1_epi8(static_cast<char>(1 + (iters & 1)));
+  const __m512i b = _mm512_set1_epi8(static_cast<char>(1 + (iters & 2)));
+  for (int c = 0; c < 12; ++c) acc[c] = _mm512_set1_epi32(c);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < 12; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+  __m512i s = acc[0];
+  for (int c = 1; c < 12; ++c) s = _mm512_add_epi32(s, acc[c]);
+  return _mm512_reduce_add_epi32(s);
+}
+
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
                        const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
