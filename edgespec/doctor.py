@@ -43,15 +43,15 @@ from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
 from .targets import load
+from .targets.cost import FRIENDLY_RATIO
 from .targets.experts import expert_shares
 from .targets.weight_arena import huge_pages_wanted
 
 _CONTEXT, _ROUNDS = 128, 15
 _DECODE_ROUNDS = 5  # plain decoding and the bandwidth read, taking turns
-# An 8-token forward at most this many times a 1-token one: verifying a draft tree costs about
-# what a plain step costs, so every accepted draft token is nearly free. Past it only long
-# accepted runs pay, and past _COSTLY_RATIO verifying drafts rarely pays at all.
-FRIENDLY_RATIO, _COSTLY_RATIO = 1.4, 2.0
+# Past FRIENDLY_RATIO (targets/cost.py) only long accepted runs pay, and past _COSTLY_RATIO
+# verifying drafts rarely pays at all.
+_COSTLY_RATIO = 2.0
 
 
 def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,

@@ -57,6 +57,16 @@ class TinyModels:
         return self._loaded[key]
 
 
+@pytest.fixture(autouse=True)
+def auto_keeps_its_eagle3_arm(monkeypatch):
+    """``auto`` leaves out its EAGLE-3 arm where the measured verify-cost curve is steep
+    (``registry._steep``); a tiny model's curve is timing, so tests see a flat one unless they
+    test the rule itself (tests/test_auto.py)."""
+    from edgespec.drafters import registry
+
+    monkeypatch.setattr(registry, "_steep", lambda target: False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_learning_from_tests(tmp_path_factory):
     """Tests neither record for learning (``EDGESPEC_LEARN=0``) nor read or write the user's

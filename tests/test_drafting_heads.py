@@ -87,6 +87,27 @@ def test_a_head_of_the_wrong_kind_or_target(model, heads, tiny_models):
         make_drafter(SpecConfig(method="eagle3", head=str(heads / "eagle3")), other)
 
 
+def test_auto_leaves_out_its_eagle3_arm_on_a_steep_curve(model, heads, monkeypatch):
+    """Where 8 nodes cost 1.6 times 1 or more (a quantized target on a CPU), auto has no
+    EAGLE-3 arm, unless a head was given; on a flatter curve it has one."""
+    from edgespec.drafters import registry
+    from edgespec.targets import cost
+
+    monkeypatch.undo()  # the real rule, not conftest's flat curve
+    assert registry._steep.__module__ == registry.__name__
+    _, target = model
+    monkeypatch.setenv("EDGESPEC_HEADS", str(heads))
+    steep = cost.CostCurve((1, 8), (10.0, 18.0))
+    flat = cost.CostCurve((1, 8), (10.0, 14.0))
+    assert steep.ratio_8() >= registry.STEEP_RATIO > flat.ratio_8()
+    for curve, has in ((steep, False), (flat, True)):
+        monkeypatch.setattr(cost, "verify_cost_curve", lambda t, curve=curve: curve)
+        assert ("eagle3" in make_drafter(SpecConfig(method="auto"), target).arms) is has
+    monkeypatch.setattr(cost, "verify_cost_curve", lambda t: steep)
+    given = make_drafter(SpecConfig(method="auto", head=str(heads / "eagle3")), target)
+    assert "eagle3" in given.arms
+
+
 def test_auto_gets_an_eagle3_arm_when_a_head_exists(model, heads, monkeypatch):
     _, target = model
     assert "eagle3" not in make_drafter(SpecConfig(method="auto"), target).arms

@@ -177,11 +177,29 @@ def _mtp(spec, target, sampling, draft):
                       spec.adaptive)
 
 
+# 8 nodes at least this many times 1 on the measured verify-cost curve: auto's EAGLE-3 arm is
+# left out. Between the demo's float32 curves measured on the AMD EPYC VM (1.05-1.38 over noisy
+# runs) and its 4-bit ones with the int8 kernels (1.70-2.06).
+STEEP_RATIO = 1.6
+
+
+def _steep(target) -> bool:
+    """Whether ``target``'s verify-cost curve is past ``STEEP_RATIO``. There an EAGLE-3 arm's
+    head forwards and tree steps cost auto more than they won: on the 4-bit demo over the
+    simulated user's questions, auto with the arm was 1.08x plain, without it 1.13x and never
+    below plain in a category (docs/measurements.md, "Quantized targets after the int8
+    kernels' prefetch")."""
+    from ..targets.cost import verify_cost_curve
+
+    return verify_cost_curve(target).ratio_8() >= STEEP_RATIO
+
+
 def _auto(spec, target, sampling, draft):
     """A bandit over the arms of ``ARMS`` that can run here (a draft-model arm only with a draft, an
     EAGLE-3 arm or a corpus arm only with a head or corpus for the target, an MTP arm only
     when the checkpoint ships an MTP layer). A corpus arm replaces the lookup arm: it proposes
-    lookup's branch itself, plus its table's chain."""
+    lookup's branch itself, plus its table's chain. No EAGLE-3 arm where the verify-cost curve
+    is steep (``_steep``), unless a ``--head`` was given."""
     from .auto import AutoDrafter
 
     given = draft if draft is not None else spec.draft
@@ -189,6 +207,8 @@ def _auto(spec, target, sampling, draft):
     names = [m.name for m in METHODS if m.arm and m.available(given, heads)]
     if "corpus" in names:
         names.remove("lookup")
+    if "eagle3" in names and spec.head is None and _steep(target):
+        names.remove("eagle3")
     return AutoDrafter({n: ARMS[n](spec, target, sampling, draft) for n in names})
 
 

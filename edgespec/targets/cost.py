@@ -60,6 +60,12 @@ def reporting(line: Callable[[str], None]) -> Iterator[None]:
         _report.reset(token)
 
 
+# An 8-token forward at most this many times a 1-token one: verifying a draft tree costs about
+# what a plain step costs, so every accepted draft token is nearly free. Past it only long
+# accepted runs pay (``doctor`` says which).
+FRIENDLY_RATIO = 1.4
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """Measured ms per forward over ``sizes[i]`` nodes; ``ms(n)`` interpolates between them."""
@@ -77,6 +83,10 @@ class CostCurve:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
             return ys[-1] + slope * (n - xs[-1])
         return float(np.interp(n, xs, ys))
+
+    def ratio_8(self) -> float:
+        """What 8 nodes cost against 1."""
+        return self.ms(8) / self.ms(1)
 
     @cached_property
     def table(self) -> np.ndarray:
