@@ -19,8 +19,8 @@ The compute floor: a forward over n tokens does n multiply-adds per weight it st
 products take at least n x (those weights) / (the multiply-adds per second the cores sustain in
 an FMA loop, measured by the native module's ``fma_peak``; for a kept-quantized model whose
 products round x to int8, a loop of ``vpdpbusd``, ``q8_peak``); a verify of n tokens can cost
-about what one costs only while that floor stays under the bandwidth floor of one token. The same loop
-on one thread alone, taking turns with all of them, says whether the cores really are separate
+about what one costs only while that floor stays under the bandwidth floor of one token. The
+FMA loop on one thread alone, taking turns with all of them, says whether the cores really are separate
 at the moment: on small shared VMs the host sometimes runs two of them on one physical core (two
 loops side by side then get half a core each), which doubles the cost of many-row products.
 """
@@ -43,15 +43,15 @@ from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
 from .targets import load
-from .targets.cost import FRIENDLY_RATIO
 from .targets.experts import expert_shares
 from .targets.weight_arena import huge_pages_wanted
 
 _CONTEXT, _ROUNDS = 128, 15
 _DECODE_ROUNDS = 5  # plain decoding and the bandwidth read, taking turns
-# Past FRIENDLY_RATIO (targets/cost.py) only long accepted runs pay, and past _COSTLY_RATIO
-# verifying drafts rarely pays at all.
-_COSTLY_RATIO = 2.0
+# An 8-token forward at most this many times a 1-token one: verifying a draft tree costs about
+# what a plain step costs, so every accepted draft token is nearly free. Past it only long
+# accepted runs pay, and past _COSTLY_RATIO verifying drafts rarely pays at all.
+FRIENDLY_RATIO, _COSTLY_RATIO = 1.4, 2.0
 
 
 def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
@@ -182,7 +182,7 @@ def int8_rate(target) -> float | None:
 
     mod = native.load()
     if (mod is None or not target.quantized or not target.model.native_blocks()
-            or not use_q8_activations(4) or not hasattr(mod, "q8_peak")):
+            or not use_q8_activations(4)):
         return None
     rate = max(mod.q8_peak(1) for _ in range(_FMA_ROUNDS))
     return rate or None
@@ -319,8 +319,8 @@ def format_findings(f: dict) -> str:
         threads, ratio = f["kernel_threads"], f["fma_threads_ratio"]
         shared = threads > 1 and ratio < 0.75 * threads
         lines.append(
-            f"           FMA loop: one thread alone {f['fma_one_thread_g_per_s']:.0f} G; {threads} threads "
-            f"together {ratio:.2f}x that (median of {_FMA_ROUNDS} rounds)"
+            f"           FMA loop: one thread alone {f['fma_one_thread_g_per_s']:.0f} G; "
+            f"{threads} threads together {ratio:.2f}x that (median of {_FMA_ROUNDS} rounds)"
             + (": their cores share FMA units now (an SMT pair, or a busy host), so forwards of "
                "many tokens cost up to 2x more than the floor above" if shared else ""))
     return "\n".join(lines)

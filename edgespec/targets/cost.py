@@ -60,12 +60,6 @@ def reporting(line: Callable[[str], None]) -> Iterator[None]:
         _report.reset(token)
 
 
-# An 8-token forward at most this many times a 1-token one: verifying a draft tree costs about
-# what a plain step costs, so every accepted draft token is nearly free. Past it only long
-# accepted runs pay (``doctor`` says which).
-FRIENDLY_RATIO = 1.4
-
-
 @dataclass(frozen=True)
 class CostCurve:
     """Measured ms per forward over ``sizes[i]`` nodes; ``ms(n)`` interpolates between them."""

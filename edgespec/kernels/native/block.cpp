@@ -114,14 +114,13 @@ struct SiluJob {
   const float* gu;
   float* act;
   int64_t I, per_row;  // per_row: chunks a row has
-  bool libm;
 };
 
 void run_silu_chunk(void* ctx, int64_t chunk) {
   const SiluJob& j = *static_cast<const SiluJob*>(ctx);
   const int64_t row = chunk / j.per_row, c0 = chunk % j.per_row * kSiluCols;
   const int64_t n = j.I - c0 < kSiluCols ? j.I - c0 : kSiluCols;
-  silu_mul(j.gu + row * 2 * j.I + c0, j.I, n, j.act + row * j.I + c0, j.libm);
+  silu_mul(j.gu + row * 2 * j.I + c0, j.I, n, j.act + row * j.I + c0, true);
 }
 
 void run_block(const BlockJob& j) {
@@ -182,7 +181,7 @@ void run_block(const BlockJob& j) {
   product(j.w[GU], j.q8, xn, N, H, g, 2 * I);
   add_bias(g, j.bgu, N, 2 * I);
   if (j.q8) {  // libm's scalar exp: worth the pool's threads
-    SiluJob silu{g, act, I, (I + kSiluCols - 1) / kSiluCols, true};
+    SiluJob silu{g, act, I, (I + kSiluCols - 1) / kSiluCols};
     Pool::get().run(run_silu_chunk, &silu, N * silu.per_row);
   } else {  // the vectorized exp is cheaper than waking a helper
     for (int64_t i = 0; i < N; ++i) silu_mul(g + i * 2 * I, I, I, act + i * I, false);

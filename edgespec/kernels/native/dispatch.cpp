@@ -136,10 +136,6 @@ void run_peak_chunk(void* ctx, int64_t) {
   j.sink.fetch_add(static_cast<uint32_t>(s), std::memory_order_relaxed);  // keeps the loop
 }
 
-}  // namespace
-
-namespace {
-
 // The best of `rounds` timings of `chunks` chunks of `job` (all threads, or the calling one
 // alone), in multiply-adds per second.
 double peak_rate(PeakJob& job, int rounds, bool all_threads) {

@@ -46,15 +46,6 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // block; xs 4 floats, d * sum(q) of each block. An output is the sum over steps, in order, of
 // int_dot * (scale * d) + bias * xs per block (one FMA each), kept per block, then
 // (b0 + b2) + (b1 + b3).
-// Rows 0..M-1 of x (M, K; row stride ldx) rounded into that layout (xr, xd, xs; the caller
-// zeroes the room past K): per 32-value block d = amax / 127 (NaN when a value is not finite),
-// q = x / d rounded half to even (0 where d is 0 or NaN). The same bits as
-// quantized_matmul.cpp's portable quantize_x8; AVX-512 (BW), used where the VNNI form runs.
-void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
-                       int64_t ldr, float* xd, float* xs, int64_t ldf);
-// 12 independent chains x iters vpdpbusd (64 int8 multiply-adds each); returns their sum (the
-// int8 form's compute ceiling, as kernel.h's fma loops are the float kernels').
-int32_t q8_dot_loop_avx512vnni(int64_t iters);
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
                        const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
@@ -63,6 +54,15 @@ void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const
                  int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
                  int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
                  int64_t n1);
+// Rows 0..M-1 of x (M, K; row stride ldx) rounded into the int8 forms' layout (xr, xd, xs; the caller
+// zeroes the room past K): per 32-value block d = amax / 127 (NaN when a value is not finite),
+// q = x / d rounded half to even (0 where d is 0 or NaN). The same bits as
+// quantized_matmul.cpp's portable quantize_x8; AVX-512 (BW), used where the VNNI form runs.
+void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
+                       int64_t ldr, float* xd, float* xs, int64_t ldf);
+// 12 independent chains x iters vpdpbusd (64 int8 multiply-adds each); returns their sum (the
+// int8 form's compute ceiling, as kernel.h's fma loops are the float kernels').
+int32_t q8_dot_loop_avx512vnni(int64_t iters);
 #endif
 
 }  // namespace edgespec_native

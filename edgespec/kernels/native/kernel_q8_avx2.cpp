@@ -143,15 +143,10 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
                const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
   // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
-  // spread over its steps, and their scales and biases at once (as the VNNI form does).
+  // spread over its steps, as the VNNI form does (q8rows asks for their scales and biases).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128;
   const int64_t pf_step = (4 * ldq + 2 * steps * 64 - 1) / (2 * steps * 64) * 64;
-  if (pf != nullptr)
-    for (int64_t p = 0; p < 4 * ldg * 4; p += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(s + kAhead * 4 * ldg) + p, 0, 2);
-      __builtin_prefetch(reinterpret_cast<const char*>(b + kAhead * 4 * ldg) + p, 0, 2);
-    }
 #define Q8ROWS(MB, m)                                                                          \
   q8block<BITS, MB>(xr + (m) * ldr, ldr, xd + (m) * ldf, xs + (m) * ldf, ldf, w, ldq, s, b, ldg, \
                     y + (m) * ldy, ldy, K, gs, nc, (m) == 0 ? pf : nullptr, pf_step)

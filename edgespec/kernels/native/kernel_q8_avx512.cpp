@@ -111,7 +111,8 @@ inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float*
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
     if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
-      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64) __builtin_prefetch(pf + p, 0, 2);
+      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
+        __builtin_prefetch(pf + p, 0, 2);
     __m512i r[8];
     rounds<BITS>(wq, ldq, k, K, r);
     const __m512 sv = per_lane(s, ldg, k, K, gs), bv = per_lane(b, ldg, k, K, gs);
@@ -153,15 +154,10 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
   };
   static_assert(sizeof(table) / sizeof(table[0]) == kMaxRows);
   // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
-  // spread over its steps, and their scales and biases at once: nothing else brings the next
-  // weights in while this quad computes (a one-row product waited on its loads).
+  // spread over its steps (q8rows asks for their scales and biases): nothing else brings the
+  // next weights in while this quad computes (a one-row product waited on its loads).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
-  if (pf != nullptr)
-    for (int64_t p = 0; p < 4 * ldg * 4; p += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(s + kAhead * 4 * ldg) + p, 0, 2);
-      __builtin_prefetch(reinterpret_cast<const char*>(b + kAhead * 4 * ldg) + p, 0, 2);
-    }
   for (int64_t m = 0; m < M; m += kMaxRows, pf = nullptr) {
     const int64_t mb = M - m < kMaxRows ? M - m : kMaxRows;
     table[mb - 1](xr + m * ldr, ldr, xd + m * ldf, xs + m * ldf, ldf, w, ldq, s, b, ldg,

@@ -162,9 +162,8 @@ void deinterleave32(const float* x, int64_t ldx, float* xp, int64_t M, int64_t K
 }
 
 // x (M, K; row stride ldx) quantized per 32-value block in kernel_q.h's round layout:
-// d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does it.
-// x rounded to int8 in kernel_q.h's layout, in this thread's buffers (valid until its next
-// call).
+// d = max|x| / 127, q = round-half-even(x / d) (0 where d is 0), as qmatmul.py's twin does it;
+// in this thread's buffers (valid until its next call).
 struct X8 {
   const int8_t* xr;
   const float *xd, *xs;
@@ -230,6 +229,10 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   return {xr, xd, xs, ldr, ldf};
 }
 
+// A weight as it is where it is already evaluated and row-contiguous, else mx::contiguous of
+// it. mx::contiguous copies a row-contiguous view too when its buffer is much larger than the
+// view, which every weight placed in targets/weight_arena's shared buffers is (a prefill
+// would copy every packed weight it reads).
 mx::array as_rows(const mx::array& a, mx::Stream s) {
   return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
 }
