@@ -20,9 +20,10 @@ products take at least n x (those weights) / (the multiply-adds per second the c
 an FMA loop, measured by the native module's ``fma_peak``; for a kept-quantized model whose
 products round x to int8, a loop of ``vpdpbusd``, ``q8_peak``); a verify of n tokens can cost
 about what one costs only while that floor stays under the bandwidth floor of one token. The
-FMA loop on one thread alone, taking turns with all of them, says whether the cores really are separate
-at the moment: on small shared VMs the host sometimes runs two of them on one physical core (two
-loops side by side then get half a core each), which doubles the cost of many-row products.
+FMA loop on one thread alone, taking turns with all of them, says whether the cores really are
+separate at the moment: on small shared VMs the host sometimes runs two of them on one physical
+core (two loops side by side then get half a core each), which doubles the cost of many-row
+products.
 """
 
 from __future__ import annotations

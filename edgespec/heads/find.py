@@ -4,9 +4,9 @@ Where it looks, in order: each entry of ``$EDGESPEC_HEADS`` (``os.pathsep``-sepa
 is a head directory, or a folder holding ``<kind>/`` or ``*/<kind>/`` head directories), then
 the head learned from this user's own use and rolled out (``learned.learned_head``; not with
 ``learned=False``), then the heads shipped for the demo model: the repository's top-level
-``models/*/<kind>/`` in a checkout, ``edgespec/models/*/<kind>/`` in an installed wheel. A candidate
-matches when its config.json's ``edgespec`` section has this kind and the target's fingerprint;
-only config files are read. Returns the first match, or None.
+``models/*/<kind>/`` in a checkout, ``edgespec/models/*/<kind>/`` in an installed wheel. A
+candidate matches when its config.json's ``edgespec`` section has this kind and the target's
+fingerprint; only config files are read. Returns the first match, or None.
 """
 
 from __future__ import annotations

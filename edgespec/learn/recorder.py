@@ -12,9 +12,9 @@ Drafters that score through the target's lower layers (early exit, layer skip) c
 feature layers, so their generations are not recorded.
 
 What a step costs the decoding: copying the path's rows of three captured arrays (already
-computed for verification) to float16 host memory, on the host alone; the prompt keeps at most ``PROMPT_ROWS`` rows
-before the answer (the head's attention context in training) and a record at most
-``MAX_ROWS`` rows, so a long conversation cannot fill the store in one go.
+computed for verification) to float16 host memory, on the host alone; the prompt keeps at most
+``PROMPT_ROWS`` rows before the answer (the head's attention context in training) and a record
+at most ``MAX_ROWS`` rows, so a long conversation cannot fill the store in one go.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from . import versions
 from .dataset import build, digest
 from .guard import MIN_GAIN, compare
 from .replay import replay_store
-from .session import aux_layers
+from .session import usable
 from .store import Record, RecordStore, private_dir
 
 
@@ -122,11 +122,9 @@ def run(target, model_dir: Path, s: LearnSettings, *, pause=None, log=print) -> 
     report: dict = {"target": target.name, "fingerprint": fp, "settings": asdict(s)}
     records = RecordStore(root / "records").records()
     base = find_head(target, "eagle3")
-    # records made under a head with other feature layers hold other features: not trained on
-    layers = list(aux_layers(target))
-    usable = [r for r in records if r.meta.get("aux_layers") == layers]
-    active = _active(train_dir, usable, base, s)
-    by_name = {r.name: r for r in usable}
+    trainable = usable(target, records)
+    active = _active(train_dir, trainable, base, s)
+    by_name = {r.name: r for r in trainable}
     train_recs = [by_name[n] for n in active["train"]]
     held_recs = [by_name[n] for n in active["held"]]
     user_tokens = sum(r.answer_tokens for r in train_recs)
@@ -139,7 +137,7 @@ def run(target, model_dir: Path, s: LearnSettings, *, pause=None, log=print) -> 
     if user_tokens < s.min_answer_tokens or not held_recs:
         return _end(report, train_dir, f"waiting for more use: {user_tokens} answer tokens "
                     f"recorded for training, {s.min_answer_tokens} needed", t0, log)
-    report["data"]["trained_through"] = usable[-1].name  # this run trains on all up to it
+    report["data"]["trained_through"] = trainable[-1].name  # this run trains on all up to it
     config, head = load_head(base, target)
     report["base"] = str(base)
     log(f"learning from {len(train_recs)} conversations ({user_tokens} answer tokens); "

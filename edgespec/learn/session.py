@@ -12,9 +12,10 @@ Contract:
 - With ``when_idle``, the worker calls ``idle(target, model_dir)`` on its own thread after no
   request has arrived for ``idle_after_s`` seconds; it runs ``learn.run`` (budget
   ``idle_budget_s``) when there is a paused run to finish or a run would train (``due``: enough
-  answer tokens to train on, that many new since the last run that trained). ``pause`` is cleared by the worker before it starts waiting
-  for a request and set as soon as one is submitted: training stops at its next step (with a checkpoint), the guard between prompts, and
-  the request runs; the next idle spell resumes the run.
+  answer tokens to train on, that many new since the last run that trained). ``pause`` is
+  cleared by the worker before it starts waiting for a request and set as soon as one is
+  submitted: training stops at its next step (with a checkpoint), the guard between prompts,
+  and the request runs; the next idle spell resumes the run.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def aux_layers(target) -> tuple[int, ...]:
     return tuple(HeadConfig.for_target(target, "eagle3").aux_layers)
 
 
+def usable(target, records: list) -> list:
+    """The records a run can train on: those made with the feature layers of the head in use
+    (records made under a head with other layers hold other features)."""
+    layers = list(aux_layers(target))
+    return [r for r in records if r.meta.get("aux_layers") == layers]
+
+
 def record_store(target, budget_mb: int = DEFAULT_BUDGET_MB) -> RecordStore:
     return RecordStore(target_dir(fingerprint(target)) / "records", budget_mb * 2**20)
 
@@ -95,15 +103,14 @@ class Learning:
         root = target_dir(fingerprint(target))
         if (root / "train" / "active.json").is_file():
             return True
-        layers = list(aux_layers(target))
-        usable = [r for r in record_store(target, self.budget_mb).records()
-                  if r.meta.get("aux_layers") == layers]
-        train, held = split_history(usable, LearnSettings(min_answer_tokens=self.min_answer_tokens))
+        records = usable(target, record_store(target, self.budget_mb).records())
+        settings = LearnSettings(min_answer_tokens=self.min_answer_tokens)
+        train, held = split_history(records, settings)
         if not held or sum(r.answer_tokens for r in train) < self.min_answer_tokens:
             return False
         # by name (age), not count: a full store drops one old record for each new one
         since = last_trained(root / "train")
-        return sum(r.answer_tokens for r in usable if r.name > since) >= self.min_answer_tokens
+        return sum(r.answer_tokens for r in records if r.name > since) >= self.min_answer_tokens
 
     def idle(self, target, model_dir: Path | None) -> dict | None:
         """One idle spell's learning (on the worker's thread), or None when nothing is due."""
