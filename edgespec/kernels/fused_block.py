@@ -16,6 +16,7 @@ compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 
 import mlx.core as mx
@@ -184,11 +185,11 @@ class FusedBlock:
         k, v = cache.write(layer, k, v)
         return post(x, attend(q, k, v, self.scale, mask), *self.post_args)
 
-    def native_many(self, x: mx.array, masks: list[TreeMask], caches: list[KVCache],
+    def native_many(self, x: mx.array, masks: ManyMasks, caches: list[KVCache],
                     layer: int) -> mx.array:
         """Several sequences' rows through the native block at once (``run_native_block_many``);
         callers check ``native_ready`` first."""
-        q8 = bool(self.native_shape[-1]) and masks[0].native_block[1]
+        q8 = bool(self.native_shape[-1]) and masks.masks[0].native_block[1]
         return run_native_block_many(self.native_args, self.native_shape, x, masks, caches,
                                      layer, q8)
 
@@ -199,26 +200,35 @@ class FusedBlock:
         return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8)
 
 
-def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: list[TreeMask],
+class ManyMasks:
+    """The ``TreeMask``s of a forward over several sequences (one each), with what every
+    layer's ``run_native_block_many`` passes on made once per forward: all rows' ancestor
+    bits and positions as MLX arrays, each sequence's row count, key start and window."""
+
+    def __init__(self, masks: Sequence[TreeMask]):
+        self.masks = list(masks)
+        self.anc = mx.array(np.concatenate([m.anc for m in masks]))
+        self.qpos = mx.array(np.concatenate([m.qpos for m in masks]))
+        self.nodes = [m.nodes for m in masks]
+        self.key_starts = [m.key_start for m in masks]
+        self.windows = [m.window or 0 for m in masks]
+
+
+def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMasks,
                           caches: list[KVCache], layer: int, q8: bool) -> mx.array:
     """``run_native_block`` over several sequences' rows in one operation: ``x`` (1, N, H)
-    holds each sequence's rows in turn (``masks[g].nodes`` of them), which attend to
-    ``caches[g]`` under ``masks[g]``; each cache gets its own rows' keys/values. A row's result
-    is the bits it gets from ``run_native_block`` over its own sequence (``native/block.h``)."""
+    holds each sequence's rows in turn (``masks.nodes[g]`` of them), which attend to
+    ``caches[g]`` under ``masks.masks[g]``; each cache gets its own rows' keys/values. A row's
+    result is the bits it gets from ``run_native_block`` over its own sequence
+    (``native/block.h``)."""
     kv, d = shape[2:4]
     arrays, slots = [x], []
-    for g, (mask, cache) in enumerate(zip(masks, caches)):
-        keys, values, at = cache.write_buffers(layer, mask.nodes, kv, d)
+    for g, (n, cache) in enumerate(zip(masks.nodes, caches)):
+        keys, values, at = cache.write_buffers(layer, n, kv, d)
         slots.append(at)
-        if g == 0:
-            anc = mx.array(np.concatenate([m.anc for m in masks]))
-            qpos = mx.array(np.concatenate([m.qpos for m in masks]))
-            arrays += [keys, values, anc, qpos, *args]
-        else:
-            arrays += [keys, values]
-    outs = native.load().decoder_block_many(
-        arrays, *shape, q8, [m.nodes for m in masks], slots, [m.key_start for m in masks],
-        [m.window or 0 for m in masks])
+        arrays += [keys, values, masks.anc, masks.qpos, *args] if g == 0 else [keys, values]
+    outs = native.load().decoder_block_many(arrays, *shape, q8, masks.nodes, slots,
+                                            masks.key_starts, masks.windows)
     for g, cache in enumerate(caches):
         cache.set_buffers(layer, outs[1 + 2 * g], outs[2 + 2 * g])
     return outs[0]

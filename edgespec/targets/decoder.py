@@ -27,6 +27,7 @@ from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..kernels.attention import prepare
 from ..kernels.backend import q8_scope
+from ..kernels.fused_block import ManyMasks
 from ..kernels.matmul import linear
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
@@ -169,6 +170,7 @@ class Decoder(nn.Module):
         sequence's rows in turn, ``masks[g]`` (a ``TreeMask``) says how many and what they see
         of ``caches[g]`` (a cache with a slot per layer). Every block runs natively
         (``native_blocks``; ``targets/batched.py`` checks). Returns what ``__call__`` does."""
+        masks = ManyMasks(masks)  # made once, used by every layer
         with q8_scope(True):
             x = self.embed(tokens)
             captured = {}

@@ -62,7 +62,12 @@ struct BlockJob {
   const uint32_t* anc;
   const int32_t* qpos;
   std::vector<Segment> segs;  // in row order, covering [0, N)
-  float *out, *k_rows, *v_rows;  // (N, H) and this forward's (kv_heads, N, D) keys/values
+  float* out;  // (N, H)
+  // Each sequence's new keys and values, (kv_heads, n, D) each: one sequence's are written as
+  // they are computed; several sequences' go through the forward's own (kv_heads, N, D) rows
+  // and are copied out at the end (one output per sequence: MLX then puts each in its cache
+  // without slicing a shared output first).
+  std::vector<float*> k_out, v_out;
 };
 
 // y (M, N) = x (M, K) @ W.T
@@ -131,17 +136,22 @@ void run_block(const BlockJob& j) {
   // The intermediates, carved from one buffer per thread that only grows: allocating and
   // zeroing ~0.5 MB a layer at 16 tokens cost ~3% of a forward.
   thread_local std::vector<float> scratch;
-  const int64_t sizes[8] = {N * K, N * nqkv, N * nq, N * nq, N * nq, N * H, N * 2 * I, N * I};
+  const bool split = j.segs.size() > 1;  // the new keys/values in scratch, copied out per sequence
+  const int64_t kv_rows = split ? s.kv_heads * N * D : 0;
+  const int64_t sizes[10] = {N * K,  N * nqkv,  N * nq,     N * nq, N * nq,
+                             N * H,  N * 2 * I, N * I,      kv_rows, kv_rows};
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + 15) / 16 * 16;  // each part 64-byte aligned from the start
-  float* part[8];
+  float* part[10];
   float* at = aligned_room(scratch, total);
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 10; ++i) {
     part[i] = at;
     at += (sizes[i] + 15) / 16 * 16;
   }
   float *xn = part[0], *y = part[1], *q = part[2], *attn = part[3], *attn_rows = part[4],
         *hdn = part[5], *g = part[6], *act = part[7];
+  float* k_rows = split ? part[8] : j.k_out[0];
+  float* v_rows = split ? part[9] : j.v_out[0];
   // input norm, q|k|v
   if (s.dual) {  // the embedding half and the hidden half, each with its own norm
     rms_rows(j.x, K, j.n1, xn, K, N, H, s.eps);
@@ -152,24 +162,36 @@ void run_block(const BlockJob& j) {
   product(j.w[QKV], j.q8, xn, N, K, y, nqkv);
   add_bias(y, j.bqkv, N, nqkv);
   // RoPE; k and v into this forward's rows
-  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, j.k_rows, j.v_rows, N * D, D, N * D, D,
+  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, k_rows, v_rows, N * D, D, N * D, D,
              N * D, D, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
              s.rope_scale};
   qkv_rope_rows(r);
-  // attention, each sequence over its committed rows (its cache) and its new ones; a
-  // segment's output is (heads, n, D) at attn + row0 * nq
+  // attention, each sequence over its committed rows (its cache) and its new ones, all
+  // sequences in one pool job; a segment's output is (heads, n, D) at attn + row0 * nq
+  std::vector<AttnArgs> calls;
+  calls.reserve(j.segs.size());
   for (const Segment& g : j.segs) {
     const int64_t n = g.n, at = g.row0;
-    float* seg_attn = attn + at * nq;
-    AttnArgs a{q + at * D, g.keys, g.values, seg_attn, j.anc + 2 * at, j.qpos + at,
-               n, g.slots + n, g.slots, s.heads, s.kv_heads, D, g.key_start, g.window,
-               s.attn_scale, 0.0f, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
-               j.k_rows + at * D, j.v_rows + at * D, N * D, D, N * D, D};
-    run_tree_attention(a, true);
+    calls.push_back({q + at * D, g.keys, g.values, attn + at * nq, j.anc + 2 * at, j.qpos + at,
+                     n, g.slots + n, g.slots, s.heads, s.kv_heads, D, g.key_start, g.window,
+                     s.attn_scale, 0.0f, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
+                     k_rows + at * D, v_rows + at * D, N * D, D, N * D, D});
+  }
+  run_tree_attention_many(calls, true);
+  for (const Segment& g : j.segs) {
+    const int64_t n = g.n, at = g.row0;
+    const float* seg_attn = attn + at * nq;
     for (int64_t h = 0; h < s.heads; ++h)  // (heads, n, D) -> (n, heads * D)
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(attn_rows + (at + i) * nq + h * D, seg_attn + (h * n + i) * D,
                     D * sizeof(float));
+  }
+  for (size_t i = 0; split && i < j.segs.size(); ++i) {  // each sequence's keys/values out
+    const Segment& g = j.segs[i];
+    for (int64_t h = 0; h < s.kv_heads; ++h) {
+      std::memcpy(j.k_out[i] + h * g.n * D, k_rows + (h * N + g.row0) * D, g.n * D * sizeof(float));
+      std::memcpy(j.v_out[i] + h * g.n * D, v_rows + (h * N + g.row0) * D, g.n * D * sizeof(float));
+    }
   }
   // o_proj and the residual
   product(j.w[O], j.q8, attn_rows, N, nq, hdn, H);
@@ -288,37 +310,36 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   if (st.device.type != mx::Device::cpu) st = mx::to_stream(mx::Device::cpu);
   // No contiguous() around the small inputs: it adds an operation each (9 a layer) even when
   // they already are; eval_cpu copies any that is not.
-  const mx::Shape new_rows{1, s.kv_heads, N, D};
   mx::Shape out_shape = x.shape();
   out_shape.back() = H;
-  auto outs = mx::array::make_arrays({out_shape, new_rows, new_rows},
-                                     {mx::float32, mx::float32, mx::float32},
+  std::vector<mx::Shape> shapes{out_shape};
+  for (const auto& g : segs)
+    for (int kv = 0; kv < 2; ++kv) shapes.push_back({1, s.kv_heads, int(g.rows), D});
+  auto outs = mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), mx::float32),
                                      std::make_shared<DecoderBlock>(st, s, segs), in);
   // The new rows go into the cache buffers by MLX's slice update, which writes them in place
   // when the buffer is the cache's alone (the KVCache has let go of it, nothing views it) and
   // copies it otherwise. The block's own outputs could not do that: MLX holds a multi-output
   // operation's inputs once per output, so its inputs are never donatable.
   std::vector<mx::array> result{outs[0]};
-  int row0 = 0;
   for (size_t g = 0; g < segs.size(); ++g) {
     const int n = static_cast<int>(segs[g].rows), slots = static_cast<int>(segs[g].slots);
     const size_t ki = g ? weights_end + 2 * (g - 1) : KEYS;
     const mx::Shape start{0, 0, slots, 0}, stop{1, s.kv_heads, slots + n, D};
-    auto rows_of = [&](const mx::array& a) {
-      return segs.size() == 1 ? a : mx::slice(a, {0, 0, row0, 0}, {1, s.kv_heads, row0 + n, D}, st);
-    };
-    result.push_back(mx::slice_update(in[ki], rows_of(outs[1]), start, stop, st));
-    result.push_back(mx::slice_update(in[ki + 1], rows_of(outs[2]), start, stop, st));
-    row0 += n;
+    result.push_back(mx::slice_update(in[ki], outs[1 + 2 * g], start, stop, st));
+    result.push_back(mx::slice_update(in[ki + 1], outs[2 + 2 * g], start, stop, st));
   }
   return result;
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
-  const mx::Shape rows{1, shape_.kv_heads, in[X].shape(-2), shape_.head_dim};
   mx::Shape out = in[X].shape();
   out.back() = shape_.hidden;
-  return {out, rows, rows};
+  std::vector<mx::Shape> shapes{out};
+  for (const auto& g : segs_)
+    for (int kv = 0; kv < 2; ++kv)
+      shapes.push_back({1, shape_.kv_heads, int(g.rows), shape_.head_dim});
+  return shapes;
 }
 
 bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
@@ -354,7 +375,7 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
   BlockJob job{shape_, int64_t(inputs[X].shape(-2)), shape_.q8,
                ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
                inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(), {},
-               outputs[0].data<float>(), outputs[1].data<float>(), outputs[2].data<float>()};
+               outputs[0].data<float>(), {}, {}};
   int64_t row0 = 0;
   for (size_t g = 0; g < segs_.size(); ++g) {
     const auto& k = inputs[g ? weights_end + 2 * (g - 1) : KEYS];
@@ -364,6 +385,8 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                         segs_[g].window, k.data<float>(), v.data<float>(), int64_t(ks[1]),
                         int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2])});
     row0 += segs_[g].rows;
+    job.k_out.push_back(outputs[1 + 2 * g].data<float>());
+    job.v_out.push_back(outputs[2 + 2 * g].data<float>());
   }
   for (int p = 0, at = WEIGHTS; p < 4; ++p) {
     Weights& w = job.w[p];

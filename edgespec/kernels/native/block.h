@@ -59,7 +59,10 @@ struct SegmentSpec {
 // Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes. One segment:
 // the single-sequence op above. Several: arrays continue after the weights with the keys and
 // values of sequences 2, 3, ...; anc and qpos hold every row's, each sequence's tree bits
-// relative to its own first row; the result is (out, keys_1', values_1', keys_2', ...).
+// relative to its own first row; the result is (out, keys_1', values_1', keys_2', ...). The
+// operation returns each sequence's new rows as outputs of their own, (1, kv_heads, n_g, D),
+// so each slice update takes its sequence's rows without a slice of a shared output first; the
+// sequences' attention runs as one pool job (run_tree_attention_many).
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
                                         const BlockShape& shape,
                                         const std::vector<SegmentSpec>& segs);

@@ -50,23 +50,19 @@ bool tiled(AttnFn fn, const AttnArgs& a) {
 #endif
 }
 
-struct AttnJob {
-  AttnFn fn;
-  AttnArgs args;
-  float* scratch;  // rows * S floats per chunk
-  int64_t items, per_chunk, rows;
-};
-
-void run_attn_chunk(void* ctx, int64_t chunk) {
-  const AttnJob& j = *static_cast<const AttnJob*>(ctx);
-  const int64_t a = chunk * j.per_chunk;
-  const int64_t b = a + j.per_chunk < j.items ? a + j.per_chunk : j.items;
-  j.fn(j.args, j.scratch + chunk * j.rows * j.args.S, a, b);
-}
-
 }  // namespace
 
-void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
+namespace {
+
+// How one call's items are split into chunks: the arguments as attended (a window that hides
+// no key dropped), the function, the scratch rows a chunk needs, and the chunking.
+struct AttnPlan {
+  AttnFn fn;
+  AttnArgs args;
+  int64_t items, rows, per_chunk, chunks;
+};
+
+AttnPlan plan_attention(const AttnArgs& given, bool helpers_awake) {
   // A window that hides no key is no window: no distance between a node and a key it may see
   // exceeds the span from the earliest position (cached key 0's, or a node's) to the latest.
   // So a sliding-window layer whose context still fits its window (Gemma 3's 512) takes the
@@ -86,11 +82,8 @@ void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
   const int64_t rows = tiled(fn, args) ? kScratchRows : 1;  // scratch rows a chunk needs
   // Waking a sleeping helper costs more than a small job; one still polling does not (measured
   // on a decode step's attention inside the block: docs/measurements.md).
-  if (items * args.S * args.D < (helpers_awake ? kAwakeMinWork : kThreadedMinWork)) {
-    std::vector<float> scratch(static_cast<size_t>(rows * args.S));
-    fn(args, scratch.data(), 0, items);
-    return;
-  }
+  if (items * args.S * args.D < (helpers_awake ? kAwakeMinWork : kThreadedMinWork))
+    return {fn, args, items, rows, items, 1};
   // A chunk is up to kItemsPerChunk items, no more than a kv head's (rep * N), and small enough
   // that there are two chunks a thread, so that a decode step's chunks are its kv heads' tiles:
   // the demo model's 9 heads over 3 kv heads go as 3 chunks of 3, which split 2 / 1 over 2
@@ -105,10 +98,55 @@ void run_tree_attention(const AttnArgs& given, bool helpers_awake) {
   if (!tiled(fn, args) || per_chunk < 1) per_chunk = 1;
   if ((items + per_chunk - 1) / per_chunk > Pool::kMaxChunks)
     per_chunk = (items + Pool::kMaxChunks - 1) / Pool::kMaxChunks;
-  const int64_t chunks = (items + per_chunk - 1) / per_chunk;
-  std::vector<float> scratch(static_cast<size_t>(chunks * rows * args.S));
-  AttnJob job{fn, args, scratch.data(), items, per_chunk, rows};
-  Pool::get().run(run_attn_chunk, &job, chunks);
+  return {fn, args, items, rows, per_chunk, (items + per_chunk - 1) / per_chunk};
+}
+
+// Several calls' chunks as one pool job: chunk c belongs to the plan whose range of chunk
+// numbers holds it, and attends to the items, with the scratch, of that plan's own chunk.
+struct ManyJob {
+  const std::vector<AttnPlan>* plans;
+  std::vector<int64_t> first;  // each plan's first chunk number, then the total
+  std::vector<float*> scratch;  // each plan's scratch (rows * S floats per chunk)
+};
+
+void run_many_chunk(void* ctx, int64_t chunk) {
+  const ManyJob& j = *static_cast<const ManyJob*>(ctx);
+  size_t p = 0;
+  while (j.first[p + 1] <= chunk) ++p;
+  const AttnPlan& pl = (*j.plans)[p];
+  const int64_t c = chunk - j.first[p], a = c * pl.per_chunk;
+  const int64_t b = a + pl.per_chunk < pl.items ? a + pl.per_chunk : pl.items;
+  pl.fn(pl.args, j.scratch[p] + c * pl.rows * pl.args.S, a, b);
+}
+
+}  // namespace
+
+void run_tree_attention(const AttnArgs& args, bool helpers_awake) {
+  run_tree_attention_many({args}, helpers_awake);
+}
+
+void run_tree_attention_many(const std::vector<AttnArgs>& calls, bool helpers_awake) {
+  std::vector<AttnPlan> plans;
+  plans.reserve(calls.size());
+  ManyJob job{&plans, {0}, {}};
+  int64_t floats = 0;
+  for (const AttnArgs& a : calls) {
+    plans.push_back(plan_attention(a, helpers_awake));
+    const AttnPlan& pl = plans.back();
+    job.first.push_back(job.first.back() + pl.chunks);
+    floats += pl.chunks * pl.rows * pl.args.S;
+  }
+  std::vector<float> scratch(static_cast<size_t>(floats));
+  for (int64_t i = 0, at = 0; i < static_cast<int64_t>(plans.size()); ++i) {
+    job.scratch.push_back(scratch.data() + at);
+    at += plans[i].chunks * plans[i].rows * plans[i].args.S;
+  }
+  if (job.first.back() == 1) {  // one small call: this thread, no pool job
+    const AttnPlan& pl = plans[0];
+    pl.fn(pl.args, scratch.data(), 0, pl.items);
+    return;
+  }
+  Pool::get().run(run_many_chunk, &job, job.first.back());
 }
 
 mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,

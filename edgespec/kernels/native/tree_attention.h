@@ -4,6 +4,8 @@
 // (N, 2) uint32, qpos (N,) int32; N <= 64, D <= 256.
 #pragma once
 
+#include <vector>
+
 #include "attention_core.h"
 #include "mlx/array.h"
 #include "mlx/primitives.h"
@@ -17,6 +19,11 @@ namespace mx = mlx::core;
 // caller has just run a pool job (the fused block, between its q|k|v and o products), so the
 // helpers are still polling and even a decode step's few items are worth splitting.
 void run_tree_attention(const AttnArgs& args, bool helpers_awake = false);
+
+// Several independent calls (a forward's sequences, each over its own cache) as one pool job:
+// each call's items go in the chunks run_tree_attention would make of them alone, so each gets
+// the same bits, and the threads share every call's chunks instead of meeting once per call.
+void run_tree_attention_many(const std::vector<AttnArgs>& calls, bool helpers_awake = false);
 
 // Raises std::invalid_argument (ValueError in Python) for other dtypes or shapes.
 mx::array tree_attention_op(const mx::array& q, const mx::array& k, const mx::array& v,
