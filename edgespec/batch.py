@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .drafters.eagle3 import feed_many
 from .engine import Decoding, Need, Step
 from .kernels.backend import SMALL_M_MAX
 from .targets.batched import score_many
@@ -46,6 +47,7 @@ from .targets.cost import CostCurve
 from .targets.target import Target
 
 POLICIES = ("shared", "plain", "full")
+_PAUSED = object()  # ``Batch._advance``: stopped after its step, to go on once the heads are fed
 _PRIOR_ACCEPTED, _PRIOR_REJECTED = 2.0, 1.0
 
 
@@ -120,8 +122,16 @@ class Batch:
         arm = self._measured.choose() if self.policy == "shared" and n > 1 else None
         self._share_rows(arm)
         needs: list[tuple[_Slot, Need]] = []
+        paused: list[_Slot] = []  # emitted their step; their next proposal waits for the feeds
         for s in list(self.slots):
-            need = self._advance(s, events)
+            need = self._advance(s, events, pause=n > 1)
+            if need is _PAUSED:
+                paused.append(s)
+            elif need is not None:
+                needs.append((s, need))
+        self._feed_heads(paused)
+        for s in paused:
+            need = self._advance(s, events, resume=True)
             if need is not None:
                 needs.append((s, need))
         self._measured.credit(sum(len(e.token_ids) for _, e in events if isinstance(e, Step)))
@@ -130,11 +140,16 @@ class Batch:
         self._measured.ran(arm if steady else None, time.perf_counter() - t0)
         return events
 
-    def _advance(self, s: _Slot, events: list) -> Need | None:
-        """Run ``s``'s decoding up to its next forward, emitting at most one step."""
-        emitted = 0
+    def _advance(self, s: _Slot, events: list, pause: bool = False,
+                 resume: bool = False) -> Need | object | None:
+        """Run ``s``'s decoding up to its next forward, emitting at most one step. ``pause``:
+        stop right after that step (returns ``_PAUSED``; the heads' feeds run before the
+        decodings propose again), to go on with ``resume``."""
+        emitted = int(resume)
         try:
-            if s.held is not None:
+            if resume:
+                item = s.d.gen.send(None)
+            elif s.held is not None:
                 item, s.held = s.held, None
             else:
                 item, s.sent = s.d.gen.send(s.sent), None
@@ -148,6 +163,8 @@ class Batch:
                 if item.finish_reason is not None:
                     self._end(s, events, None)
                     return None
+                if pause:
+                    return _PAUSED
                 item = s.d.gen.send(None)
             return item
         except StopIteration:
@@ -155,6 +172,16 @@ class Batch:
         except Exception as e:  # noqa: BLE001 - one decoding's failure is its own
             self._end(s, events, Crashed(e))
         return None
+
+    def _feed_heads(self, paused: list[_Slot]) -> None:
+        """The paused decodings' due head feeds as one forward (``eagle3.feed_many``); what it
+        does not feed, each drafter's next ``propose`` does (so a failure here is not one)."""
+        feeds = [f for s in paused if s.d.drafter is not None for f in s.d.drafter.head_feeds()]
+        if feeds:
+            try:
+                feed_many(feeds)
+            except Exception:  # noqa: BLE001 - each proposal then feeds its own, or fails alone
+                pass
 
     def _end(self, s: _Slot, events: list, event) -> None:
         self.slots.remove(s)
@@ -204,6 +231,9 @@ class Batch:
     def _share_rows(self, arm: str | None) -> None:
         """Set every decoding's ``rows`` for the step it proposes next (the policy above)."""
         slots = self.slots
+        for s in slots:  # beside others, a trained head's feed waits for the batch's
+            if s.d.drafter is not None:
+                s.d.drafter.share_heads(len(slots) > 1)
         if len(slots) <= 1 or self.policy == "full":
             for s in slots:
                 s.d.rows = None

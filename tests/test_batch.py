@@ -90,6 +90,68 @@ def test_every_drafter_in_one_batch_gives_its_alone_tokens(setup):
             assert got[i] == want, m
 
 
+@pytest.mark.parametrize("bits", [None, 8])
+def test_eagle3_heads_fed_together_draft_what_they_draft_alone(setup, bits):
+    """Beside others, EAGLE-3 drafters leave their head's feed to the batch, which runs them all
+    as one forward (eagle3.feed_many): every tree each one proposes, with its nodes' draft
+    probabilities to the bit, and its tokens, are the ones it proposes alone."""
+    import edgespec.drafters.eagle3 as eagle3
+    from edgespec.drafters.eagle3 import Eagle3Drafter
+    from edgespec.heads.eagle3 import quantized_head
+
+    from .test_eagle3 import random_head
+
+    target, _, base = setup
+    head = random_head(target, seed=5)
+    head = head if bits is None else quantized_head(head, bits)
+    prompts = _prompts(target, base, 3)
+
+    def drafter(trees):
+        d = Eagle3Drafter(target, head, None, nodes=4)
+        real = d.propose
+
+        def propose(budget):
+            tree = real(budget)  # the tree and its nodes' draft probabilities, bit for bit
+            conf = None if d._confidence is None else d._confidence.tolist()
+            trees.append((list(tree.tokens), list(tree.parents), conf))
+            return tree
+
+        d.propose = propose
+        return d
+
+    alone = []
+    for p in prompts:
+        trees: list = []
+        tokens = Engine(target, drafter(trees)).generate(p, max_tokens=N).token_ids
+        alone.append((tokens, trees))
+    shared, real_many = [], eagle3.run_native_block_many
+
+    def counting(*args, **kwargs):
+        shared.append(len(args[4]))
+        return real_many(*args, **kwargs)
+
+    engine, batch = Engine(target), Batch(target, policy="full")
+    together = [[] for _ in prompts]
+    decodings = [engine.start(p, max_tokens=N, drafter=drafter(together[i]))
+                 for i, p in enumerate(prompts)]
+    for d in decodings:
+        batch.add(d)
+    tokens = {id(d): [] for d in decodings}
+    eagle3.run_native_block_many = counting
+    try:
+        while len(batch):
+            for d, event in batch.round():
+                assert not isinstance(event, Crashed), event.error
+                if not isinstance(event, Ended):
+                    tokens[id(d)] += event.token_ids
+    finally:
+        eagle3.run_native_block_many = real_many
+    assert shared and max(shared) == 3  # the three heads' feeds went as one forward
+    for d, (want_tokens, want_trees), trees in zip(decodings, alone, together):
+        assert tokens[id(d)] == want_tokens
+        assert trees == want_trees
+
+
 @pytest.mark.parametrize("policy", ["plain", "full"])
 def test_the_fixed_policies_are_lossless_too(setup, policy):
     target, draft, base = setup

@@ -140,6 +140,13 @@ class AutoDrafter(Drafter):
             return False
         return max(names, key=self.value.get) == PLAIN
 
+    def share_heads(self, on: bool) -> None:
+        for arm in self._live():
+            arm.share_heads(on)
+
+    def head_feeds(self) -> list:
+        return [d for arm in self._live() for d in arm.head_feeds()]
+
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
         if not self.sure:
             self._learn(len(accepted.tokens), max(self.clock() - self.started, 1e-9))

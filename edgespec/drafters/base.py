@@ -32,7 +32,12 @@ member directly:
   with the target's output of the step, as in the step loop. Only under greedy decoding without
   rules, and not for a drafter with ``lower_layers``;
 - ``wants_hidden``: the drafter reads ``target_out.hidden`` (the last layer's output, before the
-  final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too.
+  final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too;
+- ``share_heads(on)`` / ``head_feeds()``: beside other decodings (``batch.Batch`` says so before
+  each step), a drafter with a trained head (EAGLE-3) leaves the head's forward over a step's
+  accepted tokens undone in ``update`` and lists itself in ``head_feeds()``; the batch then runs
+  the due feeds of all its decodings as one forward (``eagle3.feed_many``). One it does not run
+  is run by the drafter's next ``propose``, as alone.
 
 A drafter that declares neither gets ``target_out=None`` in ``prefill`` and costs the engine
 nothing extra.
@@ -97,6 +102,13 @@ class Drafter:
     def rewind(self, n: int) -> bool:
         """Forget the last ``n`` tokens shown; False when this drafter cannot (then prefill)."""
         return False
+
+    def share_heads(self, on: bool) -> None:
+        """Whether to leave a trained head's feed over accepted tokens to the batch (above)."""
+
+    def head_feeds(self) -> list:
+        """The drafters (this one or its arms) whose head feed is due (above)."""
+        return []
 
     def prediction_tokens(self) -> tuple[int, int]:
         """(accepted, rejected): how many tokens drafted from the request's predicted output the

@@ -54,6 +54,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import SamplingConfig
+from ..heads.eagle3 import Eagle3Head
+from ..kernels.backend import SMALL_M_MAX
+from ..kernels.fused_block import ManyMasks, run_native_block_many
 from ..kernels.tree_mask import MAX_NODES, TreeMask, ancestor_bits, tree_mask
 from ..prompt import shared_prefix
 from ..targets.cost import CostCurve, best_budget
@@ -89,6 +92,7 @@ class Eagle3Drafter(Drafter):
         self.child_edges: np.ndarray | None = None  # calibrated edges of a forward's children
         self.held_back = 0  # steps in a row that ``_deeper_pays`` kept at depth 1
         self._exploring = False  # this step's forward was forced to re-measure
+        self.defer = False  # beside other decodings: the batch feeds the pairs (``feed_many``)
         self.reset()
 
     def reset(self) -> None:
@@ -99,6 +103,7 @@ class Eagle3Drafter(Drafter):
         self.feat_base = 0
         self.last: tuple[mx.array, mx.array] | None = None  # last pair's (out, logits) row
         self.pending: list[tuple[mx.array, list[int]]] = []  # pairs not yet fed to the head
+        self.due = False  # the pending pairs are due (deferred by ``update``: ``head_feeds``)
         self._tree: DraftTree | None = None  # the last proposal
         self._own = False  # whether the head drafted it (else lookup's branch, or nothing)
         self._confidence: np.ndarray | None = None
@@ -144,6 +149,7 @@ class Eagle3Drafter(Drafter):
 
     def _flush(self) -> None:
         """Feed the pending pairs in one go (their features are already in ``feats``)."""
+        self.due = False
         if self.pending:
             h = mx.concatenate([h for h, _ in self.pending])
             tokens = [t for _, ts in self.pending for t in ts]
@@ -312,6 +318,14 @@ class Eagle3Drafter(Drafter):
         self.child_edges = edges if self.child_edges is None else (
             _EMA * self.child_edges + (1 - _EMA) * edges)
 
+    # ---- beside other decodings -------------------------------------------------------------
+
+    def share_heads(self, on: bool) -> None:
+        self.defer = on
+
+    def head_feeds(self) -> list[Eagle3Drafter]:
+        return [self] if self.due and self.pending else []
+
     # ---- learning the outcome ---------------------------------------------------------------
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
@@ -330,10 +344,61 @@ class Eagle3Drafter(Drafter):
         self.feats.append(h)
         self.pending.append((h, accepted.tokens))
         self.history.extend(accepted.tokens)
-        if not own and sum(len(ts) for _, ts in self.pending) < _CHUNK:
+        waiting = sum(len(ts) for _, ts in self.pending)
+        if not own and waiting < _CHUNK:
             return  # another drafter's step, or lookup's: fed when the head next drafts
+        if self.defer and waiting <= SMALL_M_MAX:
+            self.due = True  # fed with the other decodings' (``feed_many``), or by ``propose``
+            return
         self._flush()
         mx.eval(self.last)
         ms = (time.perf_counter() - t0) * 1e3
         self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms
 
+
+
+def feed_many(drafters: list[Eagle3Drafter]) -> None:
+    """Feed every drafter's pending pairs (``head_feeds``: deferred by ``update`` beside other
+    decodings) through their shared head in one forward: the head's layer as one native
+    operation over all drafters' rows, each attending to its own cache
+    (``run_native_block_many``, ``dual``), then the draft LM head over all last rows at once.
+    A row gets the bits it gets fed alone (the operation is row by row). Where that cannot run
+    (one drafter, different heads, a head whose ``step`` is its own, more rows than the native
+    block takes, a layer it does not take), each drafter feeds its own. Each drafter's ``update_ms`` takes its share of the
+    forward's time."""
+    jobs = [d for d in drafters if d.pending]
+    if not jobs:
+        return
+    t0 = time.perf_counter()
+    head = jobs[0].head
+    tokens = [[t for _, ts in d.pending for t in ts] for d in jobs]
+    rows = [len(ts) for ts in tokens]
+    native = None
+    standard = type(head).step is Eagle3Head.step  # a head with its own step goes through it
+    if (len(jobs) > 1 and standard and all(d.head is head for d in jobs)
+            and sum(rows) <= SMALL_M_MAX):
+        masks = [tree_mask(None, n, d.base, d.base + d.cache.offset, None)
+                 for d, n in zip(jobs, rows)]
+        if all(m.cached == d.cache.slots(0) for m, d in zip(masks, jobs)):
+            native = head._native_layer(masks[0], jobs[0].cache, 0, rows[0])
+    if native is None:
+        for d in jobs:
+            d._flush()
+        return
+    x = mx.concatenate([mx.concatenate([d._embed(ts), mx.concatenate([h for h, _ in d.pending])],
+                                       axis=-1) for d, ts in zip(jobs, tokens)])
+    for d, n in zip(jobs, rows):
+        d.cache.reserve(n)
+    out = run_native_block_many(native.args, native.shape, x, ManyMasks(masks),
+                                [d.cache for d in jobs], 0, False, dual=True)
+    ends = np.cumsum(rows).tolist()
+    lasts = mx.concatenate([out[e - 1 : e] for e in ends])
+    logits = head.logits(lasts)
+    for i, d in enumerate(jobs):
+        d.cache.commit()
+        d.last = (lasts[i : i + 1], logits[i : i + 1])
+        d.pending, d.due = [], False
+    mx.eval([d.cache.state() for d in jobs], lasts, logits)
+    ms = (time.perf_counter() - t0) * 1e3 / len(jobs)
+    for d in jobs:
+        d.update_ms = ms if not d.update_ms else _EMA * d.update_ms + (1 - _EMA) * ms

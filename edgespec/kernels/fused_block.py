@@ -215,12 +215,13 @@ class ManyMasks:
 
 
 def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMasks,
-                          caches: list[KVCache], layer: int, q8: bool) -> mx.array:
+                          caches: list[KVCache], layer: int, q8: bool,
+                          dual: bool = False) -> mx.array:
     """``run_native_block`` over several sequences' rows in one operation: ``x`` (1, N, H)
     holds each sequence's rows in turn (``masks.nodes[g]`` of them), which attend to
     ``caches[g]`` under ``masks.masks[g]``; each cache gets its own rows' keys/values. A row's
     result is the bits it gets from ``run_native_block`` over its own sequence
-    (``native/block.h``)."""
+    (``native/block.h``). ``dual``: the EAGLE-3 head's layer (``run_native_block``'s)."""
     kv, d = shape[2:4]
     arrays, slots = [x], []
     for g, (n, cache) in enumerate(zip(masks.nodes, caches)):
@@ -228,7 +229,7 @@ def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMask
         slots.append(at)
         arrays += [keys, values, masks.anc, masks.qpos, *args] if g == 0 else [keys, values]
     outs = native.load().decoder_block_many(arrays, *shape, q8, masks.nodes, slots,
-                                            masks.key_starts, masks.windows)
+                                            masks.key_starts, masks.windows, dual=dual)
     for g, cache in enumerate(caches):
         cache.set_buffers(layer, outs[1 + 2 * g], outs[2 + 2 * g])
     return outs[0]

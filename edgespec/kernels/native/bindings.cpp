@@ -77,9 +77,10 @@ NB_MODULE(_edgespec_native, m) {
                     float mscale, float rope_scale, float eps, float attn_scale,
                     const std::vector<std::vector<int>>& quant, bool q8,
                     const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
-                    const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows) {
+                    const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows,
+                    bool dual) {
         auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
-                             traditional, mscale, rope_scale, eps, attn_scale, quant, q8, false);
+                             traditional, mscale, rope_scale, eps, attn_scale, quant, q8, dual);
         if (slots.size() != rows.size() || key_starts.size() != rows.size() ||
             windows.size() != rows.size())
           throw std::invalid_argument(
@@ -92,10 +93,11 @@ NB_MODULE(_edgespec_native, m) {
       },
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
-      "quant"_a, "q8"_a, "rows"_a, "slots"_a, "key_starts"_a, "windows"_a,
+      "quant"_a, "q8"_a, "rows"_a, "slots"_a, "key_starts"_a, "windows"_a, "dual"_a = false,
       "decoder_block over several sequences' rows in one operation (block.h): each sequence's "
       "rows attend to its own cache (arrays: decoder_block's, then keys and values of each "
-      "sequence after the first); returns (out, keys_1, values_1, keys_2, values_2, ...).");
+      "sequence after the first); returns (out, keys_1, values_1, keys_2, values_2, ...); "
+      "dual: the EAGLE-3 head's layer.");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");
