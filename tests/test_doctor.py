@@ -158,3 +158,20 @@ def test_doctor_reports_the_quantized_curve_beside_the_float_one(tiny_models, tm
         assert f"8-token / 1-token = {ratio:.2f}x" in text
         assert ("--dtype auto" in text) is other_quantized
     assert doctor.run_doctor(str(tiny_models.path()))["other_curve"] is None  # one form only
+
+
+def test_the_timed_forwards_score_ids_the_model_has(tiny_models, monkeypatch):
+    """A tiny model's vocabulary is smaller than the ids a real one is timed with; MLX's
+    embedding gather does not check its indices (an id past the table read past its buffer)."""
+    target = tiny_models.load()
+    seen: list[int] = []
+    real = type(target).score
+
+    def score(self, tokens, cache, **kw):
+        seen.extend(tokens if isinstance(tokens, list) else tokens.tokens)
+        return real(self, tokens, cache, **kw)
+
+    monkeypatch.setattr(type(target), "score", score)
+    doctor.forward_times(target, (1, 4), context=200, rounds=1)
+    assert target.args.vocab_size < 1010 and seen
+    assert 0 <= min(seen) and max(seen) < target.args.vocab_size
