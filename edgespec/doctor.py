@@ -44,6 +44,7 @@ from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
 from .targets import load
+from .targets.cost import primed_cache
 from .targets.experts import expert_shares
 from .targets.weight_arena import huge_pages_wanted
 
@@ -65,14 +66,7 @@ def forward_times(target, sizes=(1, 2, 4, 8, 16), context: int = _CONTEXT,
     machine)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    cache = target.make_cache()
-    # ids the model has (a tiny test model's vocabulary is smaller than 1010; MLX's embedding
-    # gather does not check its indices)
-    span = max(min(1000, target.args.vocab_size - 10), 1)
-    ids = [(7 * i) % span + 10 for i in range(context + max(sizes))]
-    target.score(ids[:context], cache, head=False)
-    cache.commit()
-    mx.eval(cache.state())
+    cache, ids = primed_cache(target, context, max(sizes))  # ids the model has
     runs: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(rounds + 1):
         for n in sizes:
