@@ -95,7 +95,7 @@ def test_eagle3_heads_fed_together_draft_what_they_draft_alone(setup, bits):
     """Beside others, EAGLE-3 drafters leave their head's feed to the batch, which runs them all
     as one forward (eagle3.feed_many): every tree each one proposes, with its nodes' draft
     probabilities to the bit, and its tokens, are the ones it proposes alone."""
-    import edgespec.drafters.eagle3 as eagle3
+    import edgespec.heads.eagle3 as heads
     from edgespec.drafters.eagle3 import Eagle3Drafter
     from edgespec.heads.eagle3 import quantized_head
 
@@ -124,7 +124,7 @@ def test_eagle3_heads_fed_together_draft_what_they_draft_alone(setup, bits):
         trees: list = []
         tokens = Engine(target, drafter(trees)).generate(p, max_tokens=N).token_ids
         alone.append((tokens, trees))
-    shared, real_many = [], eagle3.run_native_block_many
+    shared, real_many = [], heads.run_native_block_many
 
     def counting(*args, **kwargs):
         shared.append(len(args[4]))
@@ -137,7 +137,7 @@ def test_eagle3_heads_fed_together_draft_what_they_draft_alone(setup, bits):
     for d in decodings:
         batch.add(d)
     tokens = {id(d): [] for d in decodings}
-    eagle3.run_native_block_many = counting
+    heads.run_native_block_many = counting
     try:
         while len(batch):
             for d, event in batch.round():
@@ -145,7 +145,7 @@ def test_eagle3_heads_fed_together_draft_what_they_draft_alone(setup, bits):
                 if not isinstance(event, Ended):
                     tokens[id(d)] += event.token_ids
     finally:
-        eagle3.run_native_block_many = real_many
+        heads.run_native_block_many = real_many
     assert shared and max(shared) == 3  # the three heads' feeds went as one forward
     for d, (want_tokens, want_trees), trees in zip(decodings, alone, together):
         assert tokens[id(d)] == want_tokens

@@ -56,7 +56,7 @@ import numpy as np
 from ..config import SamplingConfig
 from ..heads.eagle3 import Eagle3Head
 from ..kernels.backend import SMALL_M_MAX
-from ..kernels.fused_block import ManyMasks, run_native_block_many
+from ..kernels.fused_block import ManyMasks
 from ..kernels.tree_mask import MAX_NODES, TreeMask, ancestor_bits, tree_mask
 from ..prompt import shared_prefix
 from ..targets.cost import CostCurve, best_budget
@@ -147,14 +147,22 @@ class Eagle3Drafter(Drafter):
     def _embed(self, tokens) -> mx.array:
         return self.target.model.embed(mx.array(tokens, dtype=mx.int32))
 
+    def _pending_pairs(self) -> tuple[mx.array, list[int]]:
+        """The pending pairs as one array of features and their tokens."""
+        return (mx.concatenate([h for h, _ in self.pending]),
+                [t for _, ts in self.pending for t in ts])
+
     def _flush(self) -> None:
         """Feed the pending pairs in one go (their features are already in ``feats``)."""
         self.due = False
         if self.pending:
-            h = mx.concatenate([h for h, _ in self.pending])
-            tokens = [t for _, ts in self.pending for t in ts]
+            h, tokens = self._pending_pairs()
             self.pending = []
             self._feed(h, tokens)
+
+    def _note_update_ms(self, ms: float) -> None:
+        """Fold what feeding a step's pairs cost into ``update_ms`` (a moving average)."""
+        self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig | None = None) -> None:
@@ -352,27 +360,25 @@ class Eagle3Drafter(Drafter):
             return
         self._flush()
         mx.eval(self.last)
-        ms = (time.perf_counter() - t0) * 1e3
-        self.update_ms = ms if not self.update_ms else _EMA * self.update_ms + (1 - _EMA) * ms
-
+        self._note_update_ms((time.perf_counter() - t0) * 1e3)
 
 
 def feed_many(drafters: list[Eagle3Drafter]) -> None:
     """Feed every drafter's pending pairs (``head_feeds``: deferred by ``update`` beside other
     decodings) through their shared head in one forward: the head's layer as one native
     operation over all drafters' rows, each attending to its own cache
-    (``run_native_block_many``, ``dual``), then the draft LM head over all last rows at once.
+    (``heads/eagle3.NativeLayer.many``), then the draft LM head over all last rows at once.
     A row gets the bits it gets fed alone (the operation is row by row). Where that cannot run
     (one drafter, different heads, a head whose ``step`` is its own, more rows than the native
-    block takes, a layer it does not take), each drafter feeds its own. Each drafter's ``update_ms`` takes its share of the
-    forward's time."""
+    block takes, a layer it does not take), each drafter feeds its own. Each drafter's
+    ``update_ms`` takes its share of the forward's time."""
     jobs = [d for d in drafters if d.pending]
     if not jobs:
         return
     t0 = time.perf_counter()
     head = jobs[0].head
-    tokens = [[t for _, ts in d.pending for t in ts] for d in jobs]
-    rows = [len(ts) for ts in tokens]
+    pairs = [d._pending_pairs() for d in jobs]
+    rows = [len(ts) for _, ts in pairs]
     native = None
     standard = type(head).step is Eagle3Head.step  # a head with its own step goes through it
     if (len(jobs) > 1 and standard and all(d.head is head for d in jobs)
@@ -385,12 +391,11 @@ def feed_many(drafters: list[Eagle3Drafter]) -> None:
         for d in jobs:
             d._flush()
         return
-    x = mx.concatenate([mx.concatenate([d._embed(ts), mx.concatenate([h for h, _ in d.pending])],
-                                       axis=-1) for d, ts in zip(jobs, tokens)])
+    x = mx.concatenate([mx.concatenate([d._embed(ts), h], axis=-1)
+                        for d, (h, ts) in zip(jobs, pairs)])
     for d, n in zip(jobs, rows):
         d.cache.reserve(n)
-    out = run_native_block_many(native.args, native.shape, x, ManyMasks(masks),
-                                [d.cache for d in jobs], 0, False, dual=True)
+    out = native.many(x, ManyMasks(masks), [d.cache for d in jobs], 0)
     ends = np.cumsum(rows).tolist()
     lasts = mx.concatenate([out[e - 1 : e] for e in ends])
     logits = head.logits(lasts)
@@ -401,4 +406,4 @@ def feed_many(drafters: list[Eagle3Drafter]) -> None:
     mx.eval([d.cache.state() for d in jobs], lasts, logits)
     ms = (time.perf_counter() - t0) * 1e3 / len(jobs)
     for d in jobs:
-        d.update_ms = ms if not d.update_ms else _EMA * d.update_ms + (1 - _EMA) * ms
+        d._note_update_ms(ms)

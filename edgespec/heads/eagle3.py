@@ -43,7 +43,8 @@ from ..cache import KVCache
 from ..kernels.activations import silu
 from ..kernels.attention import attend, prepare
 from ..kernels.backend import SMALL_M_MAX
-from ..kernels.fused_block import joined_weights, native_takes, quant_key, run_native_block
+from ..kernels.fused_block import (ManyMasks, joined_weights, native_takes, quant_key,
+                                   run_native_block, run_native_block_many)
 from ..kernels.matmul import linear
 from ..kernels.rope_norm import inverse_frequencies, qkv_rope, rms_norm
 from ..kernels.tree_mask import TreeMask
@@ -281,6 +282,12 @@ class NativeLayer:
         """x (N, 2H) = embedding | hidden state; writes the N rows' keys/values to ``cache``'s
         scratch slots of ``slot``; returns out (N, H)."""
         return run_native_block(self.args, self.shape, x, mask, cache, slot, False, dual=True)
+
+    def many(self, x: mx.array, masks: ManyMasks, caches: list[KVCache], slot: int) -> mx.array:
+        """Several drafters' rows in turn (x (N, 2H), ``masks.nodes[g]`` rows each), each
+        attending to ``caches[g]`` under its own mask; returns out (N, H)."""
+        return run_native_block_many(self.args, self.shape, x, masks, caches, slot, False,
+                                     dual=True)
 
 
 def _projection_weights(layer: Eagle3Layer) -> list[mx.array]:
