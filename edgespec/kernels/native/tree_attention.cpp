@@ -50,10 +50,6 @@ bool tiled(AttnFn fn, const AttnArgs& a) {
 #endif
 }
 
-}  // namespace
-
-namespace {
-
 // How one call's items are split into chunks: the arguments as attended (a window that hides
 // no key dropped), the function, the scratch rows a chunk needs, and the chunking.
 struct AttnPlan {
@@ -129,18 +125,17 @@ void run_tree_attention_many(const std::vector<AttnArgs>& calls, bool helpers_aw
   std::vector<AttnPlan> plans;
   plans.reserve(calls.size());
   ManyJob job{&plans, {0}, {}};
+  std::vector<int64_t> offsets;  // each plan's scratch, in floats from the start
   int64_t floats = 0;
   for (const AttnArgs& a : calls) {
     plans.push_back(plan_attention(a, helpers_awake));
     const AttnPlan& pl = plans.back();
     job.first.push_back(job.first.back() + pl.chunks);
+    offsets.push_back(floats);
     floats += pl.chunks * pl.rows * pl.args.S;
   }
   std::vector<float> scratch(static_cast<size_t>(floats));
-  for (int64_t i = 0, at = 0; i < static_cast<int64_t>(plans.size()); ++i) {
-    job.scratch.push_back(scratch.data() + at);
-    at += plans[i].chunks * plans[i].rows * plans[i].args.S;
-  }
+  for (int64_t at : offsets) job.scratch.push_back(scratch.data() + at);
   if (job.first.back() == 1) {  // one small call: this thread, no pool job
     const AttnPlan& pl = plans[0];
     pl.fn(pl.args, scratch.data(), 0, pl.items);
