@@ -30,12 +30,10 @@ import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.core as mx
 
 from edgespec import batch as batch_module
-from edgespec.bench import load_prompts
-from edgespec.prompt import encode_prompt
 from edgespec.targets import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from concurrency import EVAL, run  # noqa: E402
+from concurrency import eval_prompts, run  # noqa: E402
 
 
 class Timed:
@@ -107,9 +105,7 @@ def main() -> None:
     ap.add_argument("--configs", default="auto:shared,eagle3:shared,eagle3:full,none:shared")
     a = ap.parse_args()
     target = load(a.model, dtype=a.dtype, progress=False)
-    rows = load_prompts(EVAL, limit=a.prompts)
-    prompts = [encode_prompt(target.tokenizer, [{"role": "user", "content": r.text}])
-               for r in rows]
+    prompts = eval_prompts(target, a.prompts)
     configs = [tuple(c.split(":")) for c in a.configs.split(",")]
     for method in {m for m, _ in configs} | {"auto"}:  # warm-up: kernels, curve, heads
         run(target, method, "shared", 2, prompts[:2], 8)

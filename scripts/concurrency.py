@@ -32,6 +32,12 @@ from edgespec.worker import Done, Failed, GenRequest, ThreadJob, Worker, loader
 EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval" / "mt_bench.jsonl"
 
 
+def eval_prompts(target, limit: int) -> list[list[int]]:
+    """The first ``limit`` MT-bench prompts, each a user turn encoded with the chat template."""
+    return [encode_prompt(target.tokenizer, [{"role": "user", "content": r.text}])
+            for r in load_prompts(EVAL, limit=limit)]
+
+
 def run(target, method: str, policy: str, clients: int, prompts, max_tokens: int) -> dict:
     worker = Worker(loader(target), max_concurrency=clients, batch_policy=policy).start()
     results: dict[int, dict] = {}
@@ -98,9 +104,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     target = load(a.model, dtype=a.dtype, progress=False)
-    rows = load_prompts(EVAL, limit=a.prompts)
-    prompts = [encode_prompt(target.tokenizer, [{"role": "user", "content": r.text}])
-               for r in rows]
+    prompts = eval_prompts(target, a.prompts)
     clients = [int(c) for c in a.clients.split(",")]
     configs = [tuple(c.split(":")) for c in a.configs.split(",")]
     # warm-up: kernels compiled, cost curve measured or read, drafters' heads loaded
