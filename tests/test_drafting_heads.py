@@ -88,7 +88,7 @@ def test_a_head_of_the_wrong_kind_or_target(model, heads, tiny_models):
 
 
 def test_auto_leaves_out_its_eagle3_arm_on_a_steep_curve(model, heads, monkeypatch):
-    """Where 8 nodes cost 1.6 times 1 or more (a quantized target on a CPU), auto has no
+    """Where 8 nodes cost 1.45 times 1 or more (a quantized target on a CPU), auto has no
     EAGLE-3 arm, unless a head was given; on a flatter curve it has one."""
     from edgespec.drafters import registry
     from edgespec.targets import cost

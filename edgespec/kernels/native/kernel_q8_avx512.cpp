@@ -1,19 +1,20 @@
 // The int8-activation form of kernel_q.h's product on AVX-512 VNNI, compiled with -mavx512f
 // -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA files include nothing else).
-// x comes quantized per 32-value block in kernel_q.h's round layout (quantized_matmul.cpp's
-// quantize_x8).
+// x comes quantized per 32-value block in kernel_q.h's VNNI layout, groups of 4 rows
+// (quantized_matmul.cpp's quantize_x8).
 //
-// Per step of 128 values (4 blocks) and 4 columns, the packed bytes of the 4 columns are
-// rearranged in registers (a dword permutation per column, then a 4 x 4 transpose of 128-bit
-// lanes) into 8 round vectors whose lane (column j, block b) holds 4 bytes of column j's block
-// b; 4 bits: then masked (low nibbles, the even values) or shifted and masked (high nibbles,
-// the odd values). Per row, 8 vpdpbusd (u8 x s8 -> int32, exact) against the row's rounds
-// (16 bytes each, broadcast to the 4 columns) give every (column, block) lane its exact
-// integer dot, then one convert, one multiply of the group scales by the blocks' d, and two
-// FMAs (the scale part, and bias x d * sum(q)) add it to the row's 16 float lanes. The weights
-// are unpacked once per step for up to 8 rows, and every row runs the same instructions on
-// its own lanes, so a row's bits do not depend on the others. At the end each column's 4
-// block lanes are summed as (b0 + b2) + (b1 + b3).
+// A full group runs q8group: its lanes are (row, block), so one load of a round serves the group's
+// 4 rows, and each column's step is unpacked once (the column's dwords of each round gathered by
+// one permutation, masked or shifted for 4-bit nibbles, each round broadcast to the 4 row lanes)
+// for up to 4 groups. Per row and column, a step is then 8 vpdpbusd (u8 x s8 -> int32, exact) and
+// four float instructions (a convert, the group scales times the blocks' d, two FMAs: the scale
+// part, and bias x d * sum(q)). The rows of a last partial group run q8block, in (column, block)
+// lanes: the 4 columns' packed bytes rearranged in registers (a dword permutation per column, then
+// a 4 x 4 transpose of 128-bit lanes), each row's rounds broadcast to the columns. Both compute
+// every lane's value with the same instructions in the same order, so a row's bits depend neither
+// on the other rows nor on which kernel ran it; each output's 4 block lanes are summed as (b0 +
+// b2) + (b1 + b3). (Kept in registers across columns, x's rounds crowded the accumulators out of
+// them: four groups take a column a pass.)
 #include <immintrin.h>
 
 #include <cstdint>
@@ -21,8 +22,6 @@
 namespace edgespec_native {
 namespace {
 
-// Rows of x a weight step is unpacked for (16 was tried and was not faster).
-constexpr int kMaxRows = 8;
 // How many 4-column quads ahead the packed rows are prefetched (as kernel_q_blocks.inc's
 // kAhead for float x).
 constexpr int64_t kAhead = 8;
@@ -102,12 +101,20 @@ inline __m512i bcast16(const int8_t* p) {
 
 inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
 
+// The row layout of kernel_q.h's VNNI form: row i of a group at 16 * i bytes of each 64-byte
+// round and 4 * i floats of each 16-float step of xd and xs.
+constexpr int64_t kStepBytes = 512, kRoundBytes = 64, kStepFloats = 16;
+
+// Rows 0..MB-1 (MB < 4) of one group of x against 4 columns in (column, block) lanes: the
+// weights are rearranged once per step for these rows, each row's rounds broadcast to the 4
+// columns: the rows past the full groups of 4 (q8columns).
 template <int BITS, int MB>
-inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-                    const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
-                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
+inline void q8block(const int8_t* xr, const float* xd, const float* xs, const uint8_t* wq,
+                    int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
+                    int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
                     int64_t pf_step) {
   __m512 acc[MB];
+  #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
     if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
@@ -116,53 +123,202 @@ inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float*
     __m512i r[8];
     rounds<BITS>(wq, ldq, k, K, r);
     const __m512 sv = per_lane(s, ldg, k, K, gs), bv = per_lane(b, ldg, k, K, gs);
+    // Two chains of vpdpbusd per row (rounds 0-3 and 4-7), the rows' chains interleaved; the
+    // integer sums are exact, so the chaining changes no bit.
+    const int8_t* x = xr + st * kStepBytes;
+    __m512i d0[MB], d1[MB];
+    #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
-      const int8_t* x = xr + i * ldr + st * 128;
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], bcast16(x));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4], bcast16(x + 64));
-      for (int e = 1; e < 4; ++e) {
-        d0 = _mm512_dpbusd_epi32(d0, r[e], bcast16(x + 16 * e));
-        d1 = _mm512_dpbusd_epi32(d1, r[4 + e], bcast16(x + 64 + 16 * e));
+      d0[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], bcast16(x + 16 * i));
+      d1[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4],
+                                  bcast16(x + 16 * i + 4 * kRoundBytes));
+    }
+    #pragma GCC unroll 8
+    for (int e = 1; e < 4; ++e)
+      #pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        d0[i] = _mm512_dpbusd_epi32(d0[i], r[e], bcast16(x + 16 * i + e * kRoundBytes));
+        d1[i] = _mm512_dpbusd_epi32(d1[i], r[4 + e],
+                                    bcast16(x + 16 * i + (4 + e) * kRoundBytes));
       }
-      const int64_t f = i * ldf + st * 4;
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
+    #pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const int64_t f = st * kStepFloats + 4 * i;
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0[i], d1[i])),
                                _mm512_mul_ps(sv, bcast4(xd + f)), acc[i]);
       acc[i] = _mm512_fmadd_ps(bv, bcast4(xs + f), acc[i]);
     }
   }
+  #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {  // per column: (b0 + b2) + (b1 + b3)
     const __m512 t = _mm512_add_ps(acc[i], _mm512_permute_ps(acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
     const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
     alignas(64) float out[16];
     _mm512_store_ps(out, u);
+    #pragma GCC unroll 8
     for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[4 * j];
   }
 }
 
-// Rows 0..M-1 of x against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
-// lane), in blocks of kMaxRows rows and one of the rest; nc columns of y written.
+// 128-bit lane e of v broadcast to the 4 lanes.
+template <int E>
+inline __m512i lane_bcast(__m512i v) {
+  return _mm512_shuffle_i32x4(v, v, E * 0x55);
+}
+
+// The 8 rounds of one column's step (values k .. k + 127) at w, each broadcast to the 4 row
+// lanes: 128-bit lane (row i) dword b = 4 bytes of block b (kernel_q.h's rounds).
+template <int BITS>
+inline void column_rounds(const uint8_t* w, int64_t k, int64_t K, __m512i r[8]) {
+  const int64_t rem = K - k;  // values left, a multiple of 32
+  __m512i lo, hi;             // lane e: round e, round 4 + e
+  if constexpr (BITS == 4) {
+    // dword 4b + e of the column's 64 bytes to dword 4e + b, then the low and high nibbles
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i c =
+        _mm512_permutexvar_epi32(idx, _mm512_maskz_loadu_epi8(byte_mask(rem / 2), w + k / 2));
+    const __m512i m4 = _mm512_set1_epi8(15);
+    lo = _mm512_and_si512(c, m4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+  } else {
+    // dword 8b + e of the column's 128 bytes (blocks 0-1, 2-3) to dword 4e + b (e < 4: lo)
+    const __m512i li = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i hix = _mm512_add_epi32(li, _mm512_set1_epi32(4));
+    const __m512i a = _mm512_maskz_loadu_epi8(byte_mask(rem), w + k);
+    const __m512i b = _mm512_maskz_loadu_epi8(byte_mask(rem - 64), w + k + 64);
+    lo = _mm512_permutex2var_epi32(a, li, b);
+    hi = _mm512_permutex2var_epi32(a, hix, b);
+  }
+  r[0] = lane_bcast<0>(lo), r[1] = lane_bcast<1>(lo), r[2] = lane_bcast<2>(lo);
+  r[3] = lane_bcast<3>(lo), r[4] = lane_bcast<0>(hi), r[5] = lane_bcast<1>(hi);
+  r[6] = lane_bcast<2>(hi), r[7] = lane_bcast<3>(hi);
+}
+
+// Lane (row i, block b) = v[the group of the step's block b] (0 past K): one column's scales
+// or biases, the same for every row.
+inline __m512 column_lanes(const float* v, int64_t k, int64_t K, int64_t gs) {
+  if (gs == 32 && K - k >= 128)  // the 4 groups of a whole step: one broadcast load
+    return _mm512_broadcast_f32x4(_mm_loadu_ps(v + (k >> 5)));
+  const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;
+  const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
+  const unsigned n = unsigned(left < gpc ? left : gpc);
+  const __m512 t = _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), v + g0);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i block = _mm512_and_si512(lane, _mm512_set1_epi32(3));
+  return _mm512_permutexvar_ps(_mm512_srli_epi32(block, sh - 5), t);
+}
+
+// G full groups of 4 rows (group stride ldr bytes, ldf floats) against NC columns (w, s, b
+// with strides ldq, ldg) in (row, block) lanes: each column's step is unpacked once for the
+// G groups and every round is one full load of 4 rows' x, so a row costs its vpdpbusd and
+// four float instructions a column and step, and no broadcast. Each lane computes what
+// q8block's (column, block) lane computes for that row, in the same order: the same bits.
+template <int BITS, int G, int NC>
+void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+             const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+             float* y, int64_t ldy, int64_t K, int64_t gs, const uint8_t* pf, int64_t pf_step) {
+  __m512 acc[NC][G];
+  #pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j)
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[j][g] = _mm512_setzero_ps();
+  for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+    if (pf != nullptr)
+      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
+        __builtin_prefetch(pf + p, 0, 2);
+    __m512 dv[G], sx[G];  // lane (row, block): d, and d * sum(q)
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      dv[g] = _mm512_loadu_ps(xd + g * ldf + st * kStepFloats);
+      sx[g] = _mm512_loadu_ps(xs + g * ldf + st * kStepFloats);
+    }
+    #pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) {
+      __m512i r[8];
+      column_rounds<BITS>(wq + j * ldq, k, K, r);
+      const __m512 sv = column_lanes(s + j * ldg, k, K, gs);
+      const __m512 bv = column_lanes(b + j * ldg, k, K, gs);
+      #pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const int8_t* x = xr + g * ldr + st * kStepBytes;
+        const auto round = [x](int e) {
+          return _mm512_loadu_si512(reinterpret_cast<const void*>(x + e * kRoundBytes));
+        };
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], round(0));
+        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4], round(4));
+        #pragma GCC unroll 8
+        for (int e = 1; e < 4; ++e) {
+          d0 = _mm512_dpbusd_epi32(d0, r[e], round(e));
+          d1 = _mm512_dpbusd_epi32(d1, r[4 + e], round(4 + e));
+        }
+        acc[j][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
+                                    _mm512_mul_ps(sv, dv[g]), acc[j][g]);
+        acc[j][g] = _mm512_fmadd_ps(bv, sx[g], acc[j][g]);
+      }
+    }
+  }
+  #pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j)
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {  // per row: (b0 + b2) + (b1 + b3)
+      const __m512 a = acc[j][g];
+      const __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));
+      const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+      alignas(64) float out[16];
+      _mm512_store_ps(out, u);
+      #pragma GCC unroll 8
+      for (int i = 0; i < 4; ++i) y[(4 * g + i) * ldy + j] = out[4 * i];
+    }
+}
+
+// Rows 0..M-1 of x (kernel_q.h's VNNI layout: groups of 4 rows, ldr bytes and ldf floats
+// apart) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every lane); nc
+// columns of y written. The full groups run q8group up to four at a time (four: a column a
+// pass), the rows of the last partial group q8block: the same bits for a row either way.
 template <int BITS>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
-  using Fn = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*,
-                      int64_t, const float*, const float*, int64_t, float*, int64_t, int64_t,
-                      int64_t, int, const uint8_t*, int64_t);
-  static constexpr Fn table[] = {
-      q8block<BITS, 1>,  q8block<BITS, 2>,  q8block<BITS, 3>,  q8block<BITS, 4>,
-      q8block<BITS, 5>,  q8block<BITS, 6>,  q8block<BITS, 7>,  q8block<BITS, 8>,
-  };
-  static_assert(sizeof(table) / sizeof(table[0]) == kMaxRows);
-  // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
+  // The first pass asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
   // spread over its steps (q8rows asks for their scales and biases): nothing else brings the
   // next weights in while this quad computes (a one-row product waited on its loads).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
-  for (int64_t m = 0; m < M; m += kMaxRows, pf = nullptr) {
-    const int64_t mb = M - m < kMaxRows ? M - m : kMaxRows;
-    table[mb - 1](xr + m * ldr, ldr, xd + m * ldf, xs + m * ldf, ldf, w, ldq, s, b, ldg,
-                  y + m * ldy, ldy, K, gs, nc, pf, pf_step);
+  const int64_t full = M / 4;
+  for (int64_t g = 0, G; g < full; g += G, pf = nullptr) {
+    G = full - g >= 4 ? 4 : full - g >= 2 ? 2 : 1;
+    const int8_t* xg = xr + g * ldr;
+    const float *dg = xd + g * ldf, *sg = xs + g * ldf;
+    float* yg = y + 4 * g * ldy;
+    if (nc == 4 && G == 2) {
+      q8group<BITS, 2, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step);
+      continue;
+    }
+    if (nc == 4 && G == 1) {
+      q8group<BITS, 1, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step);
+      continue;
+    }
+    for (int j = 0; j < nc; ++j) {  // four groups (or one column): a column a pass
+      const uint8_t *wj = w + j * ldq, *pj = j == 0 ? pf : nullptr;
+      const float *sj = s + j * ldg, *bj = b + j * ldg;
+      if (G == 4)
+        q8group<BITS, 4, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+                            pf_step);
+      else if (G == 2)
+        q8group<BITS, 2, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+                            pf_step);
+      else
+        q8group<BITS, 1, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+                            pf_step);
+    }
   }
+  using Fn = void (*)(const int8_t*, const float*, const float*, const uint8_t*, int64_t,
+                      const float*, const float*, int64_t, float*, int64_t, int64_t, int64_t,
+                      int, const uint8_t*, int64_t);
+  static constexpr Fn rest[] = {q8block<BITS, 1>, q8block<BITS, 2>, q8block<BITS, 3>};
+  if (M % 4 != 0)
+    rest[M % 4 - 1](xr + full * ldr, xd + full * ldf, xs + full * ldf, w, ldq, s, b, ldg,
+                    y + 4 * full * ldy, ldy, K, gs, nc, pf, pf_step);
 }
 
 #include "q8_rows.inc"
@@ -200,11 +356,12 @@ void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t
       alignas(16) int32_t dw[8];
       _mm_store_si128(reinterpret_cast<__m128i*>(dw), lo);
       _mm_store_si128(reinterpret_cast<__m128i*>(dw + 4), hi);
-      int8_t* step = xr + m * ldr + st * 128 + 4 * blk;
+      int8_t* step = xr + (m / 4) * ldr + st * kStepBytes + 16 * (m % 4) + 4 * blk;
       for (int i = 0; i < 8; ++i)
-        __builtin_memcpy(step + 16 * (bits == 4 ? kRound4[i] : i), dw + i, 4);
-      xd[m * ldf + st * 4 + blk] = d;
-      xs[m * ldf + st * 4 + blk] = d * static_cast<float>(sum);
+        __builtin_memcpy(step + kRoundBytes * (bits == 4 ? kRound4[i] : i), dw + i, 4);
+      const int64_t f = (m / 4) * ldf + st * kStepFloats + 4 * (m % 4) + blk;
+      xd[f] = d;
+      xs[f] = d * static_cast<float>(sum);
     }
 }
 

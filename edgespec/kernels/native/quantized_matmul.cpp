@@ -204,23 +204,31 @@ void quantize_x8_portable(const float* x, int64_t ldx, int64_t M, int64_t K, int
     }
 }
 
-// form: q8_form() (2: the AVX-512 rounding, else the portable one).
+// form: q8_form() (2: the AVX-512 rounding into the VNNI form's groups of 4 rows, else the
+// portable one into rows).
 X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int form) {
   thread_local std::vector<int8_t> rounds;
   thread_local std::vector<float> floats;
-  const int64_t steps = (K + 127) / 128, ldr = steps * 128, ldf = steps * 4;
-  if (static_cast<int64_t>(rounds.size()) < M * ldr) rounds.resize(M * ldr);
-  if (static_cast<int64_t>(floats.size()) < 2 * M * ldf) floats.resize(2 * M * ldf);
+  const int64_t steps = (K + 127) / 128;
+  const bool groups = form == 2;
+  const int64_t units = groups ? (M + 3) / 4 : M;  // groups of 4 rows, or rows
+  const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : 4);
+  if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
+  if (static_cast<int64_t>(floats.size()) < 2 * units * ldf) floats.resize(2 * units * ldf);
   int8_t* xr = rounds.data();
-  float *xd = floats.data(), *xs = xd + M * ldf;
-  if (K % 128 != 0)  // the last step's room past K
+  float *xd = floats.data(), *xs = xd + units * ldf;
+  if (groups && (K % 128 != 0 || M % 4 != 0)) {  // the room past K, and past the last row
+    std::memset(xr, 0, units * ldr);
+    std::memset(xd, 0, 2 * units * ldf * sizeof(float));
+  } else if (K % 128 != 0) {  // the last step's room past K
     for (int64_t m = 0; m < M; ++m) {
       std::memset(xr + m * ldr + steps * 128 - 128, 0, 128);
       std::memset(xd + m * ldf + ldf - 4, 0, 4 * sizeof(float));
       std::memset(xs + m * ldf + ldf - 4, 0, 4 * sizeof(float));
     }
+  }
 #if defined(__x86_64__) || defined(_M_X64)
-  if (form == 2) {
+  if (groups) {
     q8quantize_avx512(bits, x, ldx, M, K, xr, ldr, xd, xs, ldf);
     return {xr, xd, xs, ldr, ldf};
   }
