@@ -217,14 +217,12 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   if (static_cast<int64_t>(floats.size()) < 2 * units * ldf) floats.resize(2 * units * ldf);
   int8_t* xr = rounds.data();
   float *xd = floats.data(), *xs = xd + units * ldf;
-  if (groups && (K % 128 != 0 || M % 4 != 0)) {  // the room past K, and past the last row
-    std::memset(xr, 0, units * ldr);
-    std::memset(xd, 0, 2 * units * ldf * sizeof(float));
-  } else if (K % 128 != 0) {  // the last step's room past K
-    for (int64_t m = 0; m < M; ++m) {
-      std::memset(xr + m * ldr + steps * 128 - 128, 0, 128);
-      std::memset(xd + m * ldf + ldf - 4, 0, 4 * sizeof(float));
-      std::memset(xs + m * ldf + ldf - 4, 0, 4 * sizeof(float));
+  if (K % 128 != 0) {  // the last step's room past K (a group's or a row's last step)
+    const int64_t step = groups ? 512 : 128, floats = groups ? 16 : 4;
+    for (int64_t u = 0; u < units; ++u) {
+      std::memset(xr + u * ldr + ldr - step, 0, step);
+      std::memset(xd + u * ldf + ldf - floats, 0, floats * sizeof(float));
+      std::memset(xs + u * ldf + ldf - floats, 0, floats * sizeof(float));
     }
   }
 #if defined(__x86_64__) || defined(_M_X64)
