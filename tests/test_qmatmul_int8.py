@@ -16,7 +16,7 @@ import pytest
 
 from edgespec.kernels import backend
 from edgespec.kernels.qmatmul import (quantized_small_matmul, quantized_small_matmul_native,
-                                      quantized_small_matmul_q8_mlx, round_x8)
+                                      quantized_small_matmul_q8_mlx, round_x8, symmetric_biases)
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
 
@@ -95,6 +95,32 @@ def test_shapes_scales_and_threads_within_the_twin(mod, seed):  # noqa: F811
             for r in {0, m - 1}:
                 one = quantized_small_matmul_native(x[r:r + 1], *q, gs, bits, q8=True)
                 assert mx.array_equal(one, y[r:r + 1]).item(), (isa, r)
+    finally:
+        mod.set_isa(before)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_symmetric_biases_made_from_the_scales_give_the_same_bits(mod, bits, group_size):  # noqa: F811
+    """Weights whose biases are -2^(bits - 1) times their scales (GGUF's Q8_0, Q4_0): with
+    ``symmetric`` the VNNI form makes the biases from the scales; every row count, and K ending
+    inside a step, gives the bits of the same product reading the biases, on every ISA."""
+    rng = np.random.default_rng(bits + group_size)
+    k = {32: 160, 64: 192, 128: 384}[group_size]
+    wq, scales, _ = _quantized(rng, 37, k, group_size, bits)
+    biases = scales * -float(2 ** (bits - 1))
+    assert symmetric_biases(scales, biases, bits)
+    assert not symmetric_biases(scales, biases + 1e-3, bits)
+    x = mx.array(rng.standard_normal((20, k), dtype=np.float32))
+    before = mod.isa()
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            for m in (1, 2, 3, 4, 5, 8, 13, 16, 20):
+                args = (x[:m], wq, scales, biases, group_size, bits)
+                read = quantized_small_matmul_native(*args, q8=True)
+                made = quantized_small_matmul_native(*args, q8=True, symmetric=True)
+                assert mx.array_equal(read, made).item(), (isa, m)
     finally:
         mod.set_isa(before)
 

@@ -29,7 +29,7 @@ from .attention import attend, prepare
 from . import native
 from .backend import SMALL_M_MAX, choice_key, on_cpu
 from .matmul import small_matmul
-from .qmatmul import quantized_small_matmul
+from .qmatmul import quantized_small_matmul, symmetric_biases
 from .tree_mask import TreeMask
 from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope
 
@@ -96,7 +96,8 @@ class FusedBlock:
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
                                  r.mscale, r.scale, block.input_layernorm.eps, a.scale,
-                                 [list(q) for q in quant] if quant is not None else [])
+                                 [[*q, int(symmetric_biases(*weights[n][1:], q[1]))]
+                                  for q, n in zip(quant, _STREAMED)] if quant is not None else [])
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))

@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from . import native
 from .backend import KernelError, use_quantized_small_matmul, use_small_matmul
-from .qmatmul import quantized_small_matmul
+from .qmatmul import quantized_small_matmul, symmetric_biases
 
 
 def small_matmul_mlx(x: mx.array, w: mx.array) -> mx.array:
@@ -56,6 +56,18 @@ def small_matmul(x: mx.array, w: mx.array) -> mx.array:
     return small_matmul_mlx(x, w)
 
 
+def _symmetric(module: nn.Module, scales: mx.array, biases: mx.array | None) -> bool:
+    """``qmatmul.symmetric_biases`` of a quantized module's arrays, checked once for these
+    arrays (MLX arrays never change in place: new weights are new arrays, checked again)."""
+    if biases is None:
+        return False
+    seen = module.__dict__.get("_edgespec_symmetric")
+    if seen is None or seen[0] is not scales or seen[1] is not biases:
+        seen = (scales, biases, symmetric_biases(scales, biases, module.bits))
+        module.__dict__["_edgespec_symmetric"] = seen
+    return seen[2]
+
+
 def linear(module: nn.Module, x: mx.array) -> mx.array:
     """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
     ``nn.Embedding`` (the tied LM head) through ``small_matmul``; a bias-free affine
@@ -63,8 +75,9 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
     called as it is (an embedding through its ``as_linear``)."""
     if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
             and module.mode == "affine":
-        return quantized_small_matmul(x, module["weight"], module["scales"], module.get("biases"),
-                                      module.group_size, module.bits)
+        scales, biases = module["scales"], module.get("biases")
+        return quantized_small_matmul(x, module["weight"], scales, biases, module.group_size,
+                                      module.bits, _symmetric(module, scales, biases))
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)

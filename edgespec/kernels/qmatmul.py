@@ -54,24 +54,35 @@ def quantized_small_matmul_q8_mlx(x, wq, scales, biases, group_size: int, bits: 
     return quantized_small_matmul_mlx(round_x8(x), wq, scales, biases, group_size, bits)
 
 
+def symmetric_biases(scales: mx.array, biases: mx.array, bits: int) -> bool:
+    """Whether every bias is -2^(bits - 1) times its scale, exactly: a symmetric format (GGUF's
+    Q8_0 and Q4_0). Then the AVX-512 VNNI int8 form makes the biases from the scales (a
+    multiply by a power of two: the same values, the same bits) and never streams them."""
+    return mx.array_equal(biases, scales * -float(2 ** (bits - 1))).item()
+
+
 def quantized_small_matmul_native(x, wq, scales, biases, group_size: int, bits: int,
-                                  q8: bool = False) -> mx.array:
-    """The native kernel, whatever the shape (``q8``: with int8 activations); raises
-    KernelError when it is not loaded or the layout is not one it takes."""
+                                  q8: bool = False, symmetric: bool = False) -> mx.array:
+    """The native kernel, whatever the shape (``q8``: with int8 activations; ``symmetric``: as
+    ``symmetric_biases`` found it); raises KernelError when it is not loaded or the layout is
+    not one it takes."""
     mod = native.load()
     if mod is None:
         raise KernelError(f"the native kernels are not available: {native.status().reason}")
     try:
-        return mod.quantized_small_matmul(x, wq, scales, biases, group_size, bits, q8)
+        return mod.quantized_small_matmul(x, wq, scales, biases, group_size, bits, q8,
+                                          symmetric)
     except ValueError as e:
         raise KernelError(f"{e}; got x {tuple(x.shape)} {x.dtype}, wq {tuple(wq.shape)}, "
                           f"group_size {group_size}, bits {bits}") from None
 
 
-def quantized_small_matmul(x, wq, scales, biases, group_size: int, bits: int) -> mx.array:
-    """``x @ dequantize(...).T``, through the native kernel where the backend chose it."""
+def quantized_small_matmul(x, wq, scales, biases, group_size: int, bits: int,
+                           symmetric: bool = False) -> mx.array:
+    """``x @ dequantize(...).T``, through the native kernel where the backend chose it
+    (``symmetric``: as ``symmetric_biases`` found it, which the caller checked)."""
     if (x.ndim >= 1 and x.dtype == mx.float32 and scales.dtype == mx.float32 and biases is not None
             and use_quantized_small_matmul(math.prod(x.shape[:-1]), group_size, bits)):
         return native.load().quantized_small_matmul(x, wq, scales, biases, group_size, bits,
-                                                     use_q8_activations(bits))
+                                                     use_q8_activations(bits), symmetric)
     return quantized_small_matmul_mlx(x, wq, scales, biases, group_size, bits)

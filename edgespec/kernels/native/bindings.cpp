@@ -20,8 +20,11 @@ NB_MODULE(_edgespec_native, m) {
         "x @ w.T for float32 x (..., K) and w (N, K), reading each row of w once.");
   m.def("quantized_small_matmul", &edgespec_native::quantized_small_matmul_op, "x"_a, "wq"_a,
         "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "q8"_a = false,
+        "symmetric"_a = false,
         "x @ dequantize(wq, scales, biases).T in MLX's affine layout (4 or 8 bits); q8: x "
-        "quantized to int8 per 32 values first (4 or 8 bits; AVX-512 VNNI or AVX2).");
+        "quantized to int8 per 32 values first (4 or 8 bits; AVX-512 VNNI or AVX2); symmetric: "
+        "every bias is -2^(bits - 1) times its scale, as the caller checked (the VNNI form then "
+        "does not read them).");
   m.def("has_q8_activations", &edgespec_native::has_q8_activations,
         "Whether quantized_small_matmul(..., q8=True) runs here.");
   m.def("q8_vnni", &edgespec_native::q8_vnni,
@@ -43,12 +46,13 @@ NB_MODULE(_edgespec_native, m) {
     edgespec_native::BlockShape s{hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
                                   traditional, mscale, rope_scale, eps, attn_scale, {}, q8, dual};
     if (!quant.empty() && quant.size() != 4)
-      throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits) pairs");
+      throw std::invalid_argument("decoder_block: quant takes 4 (group size, bits[, symmetric])");
     for (size_t p = 0; p < quant.size(); ++p) {
-      if (quant[p].size() != 2)
-        throw std::invalid_argument("decoder_block: quant takes (group size, bits) pairs");
+      if (quant[p].size() != 2 && quant[p].size() != 3)
+        throw std::invalid_argument("decoder_block: quant takes (group size, bits[, symmetric])");
       s.quant[p][0] = quant[p][0];
       s.quant[p][1] = quant[p][1];
+      s.quant[p][2] = quant[p].size() == 3 ? quant[p][2] : 0;
     }
     return s;
   };

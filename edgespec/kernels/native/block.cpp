@@ -42,6 +42,7 @@ struct Weights {
   const uint32_t* wq = nullptr;
   const float *scales = nullptr, *biases = nullptr;
   int group_size = 0, bits = 0;
+  bool symmetric = false;  // every bias -2^(bits - 1) times its scale (quantized_matmul.h)
 };
 
 // One sequence's rows of a forward: rows [row0, row0 + n) of x attend to this cache (read
@@ -75,7 +76,7 @@ void product(const Weights& w, bool q8, const float* x, int64_t M, int64_t K, fl
              int64_t N) {
   if (w.w != nullptr) return small_matmul(x, K, w.w, K, y, N, M, N, K);
   quantized_small_matmul(x, K, w.wq, w.scales, w.biases, y, N, M, N, K, w.group_size, w.bits,
-                         q8);
+                         q8, w.symmetric);
 }
 
 void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
@@ -398,6 +399,7 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
       w.biases = inputs[at + 2].data<float>();
       w.group_size = shape_.quant[p][0];
       w.bits = shape_.quant[p][1];
+      w.symmetric = shape_.quant[p][2] != 0;
       at += 3;
     }
   }

@@ -41,9 +41,10 @@ struct BlockShape {
   int hidden, heads, kv_heads, head_dim, intermediate, rope_dims;
   bool traditional;
   float mscale, rope_scale, eps, attn_scale;
-  // Per product (q|k|v, o, gate|up, down): {group size, bits} in MLX's affine layout, or {0, 0}
-  // for float32 weights. q8: the quantized products take int8 activations (quantized_matmul.h).
-  int quant[4][2];
+  // Per product (q|k|v, o, gate|up, down): {group size, bits, symmetric} in MLX's affine
+  // layout, or {0, 0, 0} for float32 weights; symmetric: every bias is -2^(bits - 1) times its
+  // scale (quantized_matmul.h). q8: the quantized products take int8 activations.
+  int quant[4][3];
   bool q8;
   bool dual = false;  // the EAGLE-3 layer (above)
   bool operator==(const BlockShape&) const = default;

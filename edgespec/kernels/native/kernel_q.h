@@ -48,7 +48,9 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // bytes, a round 64 bytes of which row i of the group has bytes 16i..16i+15; xd, xs: group
 // stride ldf floats, a step 16 floats of which row i has 4i..4i+3; rows past M unread). An
 // output is the sum over steps, in order, of int_dot * (scale * d) + bias * xs per block (one
-// FMA each), kept per block, then (b0 + b2) + (b1 + b3).
+// FMA each), kept per block, then (b0 + b2) + (b1 + b3). The VNNI form takes b null for a
+// symmetric format (every bias -2^(bits - 1) times its scale) and makes the biases from the
+// scales: the same values, so the same bits, without reading them.
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
                        const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,

@@ -95,6 +95,12 @@ inline __m512 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_
   return _mm512_permutexvar_ps(_mm512_or_si512(j4, _mm512_srli_epi32(b, bsh)), out);
 }
 
+// The biases of a symmetric format (b null: kernel_q.h), -2^(bits - 1) times their scales:
+// a multiply by a power of two, so the value the bias array holds.
+inline __m512 bias_of(__m512 scales, int bits) {
+  return _mm512_mul_ps(scales, _mm512_set1_ps(-float(1 << (bits - 1))));
+}
+
 inline __m512i bcast16(const int8_t* p) {
   return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -122,7 +128,8 @@ inline void q8block(const int8_t* xr, const float* xd, const float* xs, const ui
         __builtin_prefetch(pf + p, 0, 2);
     __m512i r[8];
     rounds<BITS>(wq, ldq, k, K, r);
-    const __m512 sv = per_lane(s, ldg, k, K, gs), bv = per_lane(b, ldg, k, K, gs);
+    const __m512 sv = per_lane(s, ldg, k, K, gs);
+    const __m512 bv = b ? per_lane(b, ldg, k, K, gs) : bias_of(sv, BITS);
     // Two chains of vpdpbusd per row (rounds 0-3 and 4-7), the rows' chains interleaved; the
     // integer sums are exact, so the chaining changes no bit.
     const int8_t* x = xr + st * kStepBytes;
@@ -237,7 +244,7 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
       __m512i r[8];
       column_rounds<BITS>(wq + j * ldq, k, K, r);
       const __m512 sv = column_lanes(s + j * ldg, k, K, gs);
-      const __m512 bv = column_lanes(b + j * ldg, k, K, gs);
+      const __m512 bv = b ? column_lanes(b + j * ldg, k, K, gs) : bias_of(sv, BITS);
       #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const int8_t* x = xr + g * ldr + st * kStepBytes;
@@ -300,7 +307,7 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
     }
     for (int j = 0; j < nc; ++j) {  // four groups (or one column): a column a pass
       const uint8_t *wj = w + j * ldq, *pj = j == 0 ? pf : nullptr;
-      const float *sj = s + j * ldg, *bj = b + j * ldg;
+      const float *sj = s + j * ldg, *bj = b ? b + j * ldg : nullptr;
       if (G == 4)
         q8group<BITS, 4, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
                             pf_step);

@@ -110,6 +110,7 @@ struct QJob {
   // dequantized_gemm_rows() or more, each chunk dequantized, then the float kernel.
   bool buffered = false, gemm = false;
   int form = 0;  // q8_form(), asked once per job
+  bool symmetric = false;  // every bias is -2^(bits - 1) times its scale (quantized_matmul.h)
 };
 
 void run_qchunk(void* ctx, int64_t chunk) {
@@ -251,6 +252,7 @@ void run_qjob(QJob job) {
   if (job.M == 0 || job.N == 0) return;
   job.form = q8_form();
   job.q8 = job.q8 && job.form != 0;  // the op and the block ask has_q8_activations() first
+  if (job.symmetric && job.q8 && job.form == 2) job.b = nullptr;  // made from the scales
   job.gemm = !job.q8 && job.isa != 0 && job.M >= dequantized_gemm_rows();
   job.buffered = !job.q8 && !job.gemm && job.isa != 0 && job.M > 4 && buffered_dequantization();
   std::vector<float> xp;
@@ -289,16 +291,17 @@ void run_qjob(QJob job) {
 
 void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
-                            int64_t K, int group_size, int bits, bool q8) {
+                            int64_t K, int group_size, int bits, bool q8, bool symmetric) {
   QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr, nullptr,
            0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
            K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
+  job.symmetric = symmetric;
   run_qjob(job);
 }
 
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
-                                    int group_size, int bits, bool q8) {
+                                    int group_size, int bits, bool q8, bool symmetric) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
   check(!q8 || has_q8_activations(),
         "int8 activations need AVX2 or AVX-512 code (has_q8_activations())");
@@ -322,7 +325,7 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
   auto x2 = mx::contiguous(mx::reshape(x, {static_cast<int>(M), K}, s), false, s);
   auto y = mx::array(
       {static_cast<int>(M), N}, mx::float32,
-      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits, q8),
+      std::make_shared<QuantizedSmallMatmul>(s, group_size, bits, q8, symmetric),
       {x2, as_rows(wq, s), as_rows(scales, s), as_rows(biases, s)});
   return mx::reshape(y, out_shape, s);
 }
@@ -343,6 +346,7 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
            sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
            int64_t(x.shape(1)), group_size_, 0};
+  job.symmetric = symmetric_;
   encoder.dispatch([job]() { run_qjob(job); });
 }
 

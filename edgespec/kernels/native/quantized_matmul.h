@@ -12,16 +12,21 @@ namespace edgespec_native {
 namespace mx = mlx::core;
 
 // Raises std::invalid_argument (ValueError in Python) for other layouts, dtypes or shapes.
+// symmetric: every bias is -2^(bits - 1) times its scale (a symmetric format, as GGUF's Q8_0;
+// the caller checked it): the AVX-512 VNNI int8 form then makes each bias from its scale, one
+// multiply by a power of two, the same value, and never reads the biases; other forms read them.
 mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
                                     const mx::array& scales, const mx::array& biases,
-                                    int group_size, int bits, bool q8 = false);
+                                    int group_size, int bits, bool q8 = false,
+                                    bool symmetric = false);
 
 // The op's body: y (M, N; row stride ldy) = x (M, K; row stride ldx) @ dequantize(wq, scales,
 // biases).T for contiguous packed rows (K * bits / 32 words) and scales/biases (K / group_size),
 // on the pool's threads. Also run inside the fused decoder block (block.h).
 void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
                             const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
-                            int64_t K, int group_size, int bits, bool q8);
+                            int64_t K, int group_size, int bits, bool q8,
+                            bool symmetric = false);
 
 // Whether q8 = true (x quantized to int8 per 32-value block, kernel_q.h's int8 forms) can run:
 // the AVX-512 or AVX2 code is in use (AVX-512 with BW and VNNI runs the VNNI form, else the
@@ -46,8 +51,12 @@ int64_t dequantized_gemm_rows();
 
 class QuantizedSmallMatmul : public mx::UnaryPrimitive {
  public:
-  QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits, bool q8)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), q8_(q8) {}
+  QuantizedSmallMatmul(mx::Stream stream, int group_size, int bits, bool q8, bool symmetric)
+      : mx::UnaryPrimitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        q8_(q8),
+        symmetric_(symmetric) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -55,7 +64,8 @@ class QuantizedSmallMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "EdgespecQuantizedSmallMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedSmallMatmul&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && q8_ == o.q8_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && q8_ == o.q8_ &&
+           symmetric_ == o.symmetric_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
@@ -63,6 +73,7 @@ class QuantizedSmallMatmul : public mx::UnaryPrimitive {
   int group_size_;
   int bits_;
   bool q8_;
+  bool symmetric_;
 };
 
 }  // namespace edgespec_native
