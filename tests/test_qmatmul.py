@@ -161,9 +161,10 @@ def test_quantized_heads_go_through_the_kernel(mod, monkeypatch):  # noqa: F811
     assert len(calls) == expect
 
 
-def _quantized_copy(src, out, bits: int = 4):
+def _quantized_copy(src, out, bits: int = 4, symmetric: bool = False):
     """``src`` (a tiny float model) with its matrices quantized to ``bits``, float16
-    scales/biases as a converted GGUF has them."""
+    scales/biases as a converted GGUF has them (``symmetric``: every bias -2^(bits - 1) times
+    its scale, as GGUF's Q8_0 is converted)."""
     import json
     import shutil
 
@@ -173,8 +174,9 @@ def _quantized_copy(src, out, bits: int = 4):
         if k.endswith(".weight") and v.ndim == 2 and v.shape[1] % 32 == 0:
             wq, s, b = mx.quantize(v, group_size=32, bits=bits)
             base = k[: -len(".weight")]
-            weights.update({k: wq, f"{base}.scales": s.astype(mx.float16),
-                            f"{base}.biases": b.astype(mx.float16)})
+            s = s.astype(mx.float16)
+            b = s * -float(2 ** (bits - 1)) if symmetric else b.astype(mx.float16)
+            weights.update({k: wq, f"{base}.scales": s, f"{base}.biases": b})
         else:
             weights[k] = v
     mx.save_safetensors(str(out / "model.safetensors"), weights)

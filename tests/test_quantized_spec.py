@@ -71,3 +71,36 @@ def test_the_quantized_target_has_its_own_cost_curve(q4, tiny_models):
     """The tree sizing of a 4-bit target reads a curve measured on the 4-bit target, never its
     float twin's (the key covers the quantization)."""
     assert curve_key(q4) != curve_key(tiny_models.load(layers=2))
+
+
+def test_symmetric_weights_decode_as_when_their_biases_are_read(tiny_models, tmp_path,
+                                                                 monkeypatch):
+    """An 8-bit copy whose biases are -128 times their scales (GGUF's Q8_0): every block and
+    the LM head are found symmetric, so the int8 kernel makes the biases from the scales; the
+    logits and the greedy output (plain and speculative) are those of the same model with the
+    biases read."""
+    import mlx.core as mx
+
+    from edgespec.kernels import fused_block, matmul
+    from edgespec.kernels.native import load as native_load
+
+    if native_load() is None or not native_load().q8_vnni():
+        pytest.skip("the biases are made from the scales by the AVX-512 VNNI form only")
+    path = _quantized_copy(tiny_models.path(layers=2), tmp_path / "q8", bits=8, symmetric=True)
+    made = load_target(path, dtype="auto")
+    assert all(q[2] == 1 for b in made.model.model.layers for q in b._fused.native_shape[-1])
+    with monkeypatch.context() as m:
+        m.setattr(fused_block, "symmetric_biases", lambda *a: False)
+        m.setattr(matmul, "symmetric_biases", lambda *a: False)
+        read = load_target(path, dtype="auto")
+        assert all(q[2] == 0 for b in read.model.model.layers for q in b._fused.native_shape[-1])
+        prompt = PROMPTS[0]
+        ids = Engine(read).encode(prompt)
+        want_logits = read.score(ids, read.make_cache()).logits
+        want_plain = _plain(read, prompt)
+        mx.eval(want_logits)
+    got_logits = made.score(ids, made.make_cache()).logits
+    assert mx.array_equal(got_logits, want_logits).item()
+    assert _plain(made, prompt) == want_plain
+    drafter = Eagle3Drafter(made, random_head(made, seed=5), STEEP, lookup=PromptLookupDrafter())
+    assert Engine(made, drafter).generate(prompt, max_tokens=24).token_ids == want_plain
