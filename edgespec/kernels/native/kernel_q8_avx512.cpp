@@ -101,6 +101,12 @@ inline __m512 bias_of(__m512 scales, int bits) {
   return _mm512_mul_ps(scales, _mm512_set1_ps(-float(1 << (bits - 1))));
 }
 
+// Each 128-bit lane's 4 block lanes summed as (b0 + b2) + (b1 + b3), into its first lane.
+inline __m512 fold_blocks(__m512 a) {
+  const __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
 inline __m512i bcast16(const int8_t* p) {
   return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -157,11 +163,9 @@ inline void q8block(const int8_t* xr, const float* xd, const float* xs, const ui
     }
   }
   #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) {  // per column: (b0 + b2) + (b1 + b3)
-    const __m512 t = _mm512_add_ps(acc[i], _mm512_permute_ps(acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
-    const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  for (int i = 0; i < MB; ++i) {  // a 128-bit lane per column
     alignas(64) float out[16];
-    _mm512_store_ps(out, u);
+    _mm512_store_ps(out, fold_blocks(acc[i]));
     #pragma GCC unroll 8
     for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[4 * j];
   }
@@ -206,13 +210,7 @@ inline void column_rounds(const uint8_t* w, int64_t k, int64_t K, __m512i r[8]) 
 inline __m512 column_lanes(const float* v, int64_t k, int64_t K, int64_t gs) {
   if (gs == 32 && K - k >= 128)  // the 4 groups of a whole step: one broadcast load
     return _mm512_broadcast_f32x4(_mm_loadu_ps(v + (k >> 5)));
-  const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;
-  const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
-  const unsigned n = unsigned(left < gpc ? left : gpc);
-  const __m512 t = _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), v + g0);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i block = _mm512_and_si512(lane, _mm512_set1_epi32(3));
-  return _mm512_permutexvar_ps(_mm512_srli_epi32(block, sh - 5), t);
+  return per_lane(v, 0, k, K, gs);  // ldg 0: the one column in every lane
 }
 
 // G full groups of 4 rows (group stride ldr bytes, ldf floats) against NC columns (w, s, b
@@ -267,12 +265,9 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
   #pragma GCC unroll 8
   for (int j = 0; j < NC; ++j)
     #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {  // per row: (b0 + b2) + (b1 + b3)
-      const __m512 a = acc[j][g];
-      const __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));
-      const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    for (int g = 0; g < G; ++g) {  // a 128-bit lane per row
       alignas(64) float out[16];
-      _mm512_store_ps(out, u);
+      _mm512_store_ps(out, fold_blocks(acc[j][g]));
       #pragma GCC unroll 8
       for (int i = 0; i < 4; ++i) y[(4 * g + i) * ldy + j] = out[4 * i];
     }
