@@ -63,7 +63,8 @@ def product(x, w, quant):
     """x @ w.T through the kernel a forward uses: float, or (packed, scales, biases)."""
     if quant is None:
         return small_matmul(x, w)
-    return quantized_small_matmul(x, *w, *quant)
+    gs, bits, *symmetric = quant
+    return quantized_small_matmul(x, *w, gs, bits, bool(symmetric and symmetric[0]))
 
 
 def head_variants(target) -> dict:

@@ -158,6 +158,31 @@ def test_the_method_finds_a_corpus_for_its_model_only(target, other, oracle_dir,
         make_drafter(SpecConfig(method="eagle3", head=str(oracle_dir)), target)
 
 
+def test_auto_beside_a_corpus_alone_has_no_plain_arm_and_is_exact(target, oracle_dir,
+                                                                  monkeypatch):
+    """A corpus sized on the curve proposes nothing where nothing pays, so auto keeps no plain
+    arm beside it; its empty proposals are its plain steps. Without the curve (not adaptive) the
+    corpus does not gate itself and the plain arm stays. Greedy output is plain decoding's
+    either way, on a flat curve and on one where a second node never pays."""
+    from edgespec.drafters.auto import PLAIN
+    from edgespec.targets import cost
+
+    monkeypatch.setenv("EDGESPEC_HEADS", str(oracle_dir.parent))
+    ids, plain = greedy(target, PROMPT, 40)
+    noise = [np.random.default_rng(1).integers(0, target.args.vocab_size, 200)]
+    for curve in (FLAT, STEEP):
+        monkeypatch.setattr(cost, "verify_cost_curve", lambda t, curve=curve: curve)
+        auto = make_drafter(SpecConfig(method="auto"), target)
+        assert set(auto.arms) == {"corpus"} and auto.arms["corpus"].gates_itself
+        assert Engine(target, auto).generate(ids, max_tokens=40).token_ids == plain
+        assert auto.pulls["corpus"] > 0 and PLAIN not in auto.value
+        auto.arms["corpus"].table = NgramTable(noise)  # drafts the target rejects
+        assert Engine(target, auto).generate(ids, max_tokens=40).token_ids == plain
+    fixed = make_drafter(SpecConfig(method="auto", adaptive=False), target)
+    assert set(fixed.arms) == {PLAIN, "corpus"} and not fixed.arms["corpus"].gates_itself
+    assert Engine(target, fixed).generate(ids, max_tokens=40).token_ids == plain
+
+
 def test_chat_serve_and_the_api_default_to_the_corpus_when_the_model_has_one(
         target, tiny_models, oracle_dir, monkeypatch):
     from edgespec import LLM, GenerationConfig, SamplingConfig

@@ -18,6 +18,9 @@ target features, its prefill over the prompt) cost nothing (an arm never taken s
 auto through those needs: see docs/measurements.md, "auto's retire rule"). When no drafter beats
 plain decoding, the plain arm is chosen and speculation is effectively off. The defaults came
 from replaying recorded demo-model answers against the measured cost curve with timing noise.
+Auto may also run without a plain arm, when all its drafting arms gate themselves
+(``Drafter.gates_itself``, ``registry._auto``): the arms' own empty proposals are then its plain
+steps, run by the step loop and credited to the arm that proposed them.
 
 When plain decoding is the best value and no retry is due, auto says its next step will be
 plain decoding too (``plain_next``) and the engine runs such steps pipelined, as it runs plain
@@ -60,7 +63,6 @@ class AutoDrafter(Drafter):
     def __init__(self, arms: dict[str, Drafter | None], decay: float = 0.9, retry: int = 4,
                  max_wait: int = 32, margin: float = 0.75, retire: int = 4,
                  evidence: int = 12, clock=time.perf_counter):
-        assert PLAIN in arms, "auto needs the plain arm to fall back to"
         self.arms = arms
         self.decay, self.retry, self.max_wait, self.margin = decay, retry, max_wait, margin
         self.retire, self.evidence = retire, evidence
@@ -120,7 +122,7 @@ class AutoDrafter(Drafter):
         if sure:
             self.sure_steps[self.current] += 1
         self.started = self.clock()
-        arm = self.arms[self.current]
+        arm = self.arms.get(self.current)
         if arm is None or budget <= 0:
             return DraftTree.chain(self.history[-1], [])
         return arm.propose(budget)
@@ -148,7 +150,7 @@ class AutoDrafter(Drafter):
         return [d for arm in self._live() for d in arm.head_feeds()]
 
     def update(self, accepted: Accepted, tree: DraftTree, target_out: TargetOutput) -> None:
-        if not self.sure:
+        if not self.sure and self.current in self.arms:
             self._learn(len(accepted.tokens), max(self.clock() - self.started, 1e-9))
         empty = DraftTree.chain(tree.tokens[0], [])
         for name, arm in self.arms.items():

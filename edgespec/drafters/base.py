@@ -31,6 +31,10 @@ member directly:
   ``propose(0)`` after the ``update``; every step still goes through ``propose`` and ``update``
   with the target's output of the step, as in the step loop. Only under greedy decoding without
   rules, and not for a drafter with ``lower_layers``;
+- ``gates_itself``: the drafter decides on the verify-cost curve how much of each proposal is
+  worth scoring, and proposing costs it no forward of its own (the corpus drafter: a table
+  lookup). A bandit's plain arm beside such arms only adds noise, so ``auto`` keeps none when
+  all its drafting arms gate themselves (``registry._auto``);
 - ``wants_hidden``: the drafter reads ``target_out.hidden`` (the last layer's output, before the
   final norm; Medusa). Verification always carries it; with this set, ``prefill`` gets it too;
 - ``share_heads(on)`` / ``head_feeds()``: beside other decodings (``batch.Batch`` says so before
@@ -57,6 +61,7 @@ class Drafter:
     lower_layers: int = 0  # ability: drafts through this many of the target's own first layers
     target_features: tuple[int, ...] = ()  # ability: the layers whose input hidden states it reads
     wants_hidden: bool = False  # ability: reads the target's last hidden state in prefill too
+    gates_itself: bool = False  # ability: sizes its proposals on the cost curve, at no forward's cost
 
     def prefill(self, tokens: list[int], target_out: TargetOutput | None,
                 sampling: SamplingConfig) -> None:

@@ -47,6 +47,7 @@ class CorpusDrafter(PromptLookupDrafter):
         self.proposed: list[tuple[tuple[int, ...], float]] = []  # (path from the root, share)
         self.branch: list[int] = []  # lookup's deepest branch in the last proposal
         super().__init__(num_draft=num_draft, max_draft=max_draft)
+        self.gates_itself = curve is not None
 
     @property
     def scale(self) -> float:

@@ -199,8 +199,12 @@ def _auto(spec, target, sampling, draft):
     EAGLE-3 arm or a corpus arm only with a head or corpus for the target, an MTP arm only
     when the checkpoint ships an MTP layer). A corpus arm replaces the lookup arm: it proposes
     lookup's branch itself, plus its table's chain. No EAGLE-3 arm where the verify-cost curve
-    is steep (``_steep``), unless a ``--head`` was given."""
-    from .auto import AutoDrafter
+    is steep (``_steep``), unless a ``--head`` was given. No plain arm when every drafting arm
+    gates itself (``Drafter.gates_itself``: the corpus arm alone, as on a steep curve): such an
+    arm already proposes only what its curve says pays, and on the 4-bit demo over the
+    simulated user's questions the bandit's choices between it and plain decoding cost 3-4%
+    against the corpus drafter alone (docs/measurements.md, "auto without a plain arm")."""
+    from .auto import PLAIN, AutoDrafter
 
     given = draft if draft is not None else spec.draft
     heads = heads_for(target, spec.head)
@@ -209,7 +213,11 @@ def _auto(spec, target, sampling, draft):
         names.remove("lookup")
     if "eagle3" in names and spec.head is None and _steep(target):
         names.remove("eagle3")
-    return AutoDrafter({n: ARMS[n](spec, target, sampling, draft) for n in names})
+    arms = {n: ARMS[n](spec, target, sampling, draft) for n in names}
+    drafting = [a for a in arms.values() if a is not None]
+    if drafting and all(a.gates_itself for a in drafting):
+        del arms[PLAIN]
+    return AutoDrafter(arms)
 
 
 def heads_for(target, head: str | None = None) -> frozenset[str]:
