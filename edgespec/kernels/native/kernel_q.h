@@ -46,7 +46,8 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // row stride ldr bytes, a step 128 bytes, a round 16; xd, xs: row stride ldf floats, a step
 // 4). The VNNI form takes it per group of 4 rows (xr: group stride ldr bytes, a step 512
 // bytes, a round 64 bytes of which row i of the group has bytes 16i..16i+15; xd, xs: group
-// stride ldf floats, a step 16 floats of which row i has 4i..4i+3; rows past M unread). An
+// stride ldf floats, a step 16 floats of which row i has 4i..4i+3; past 4 rows, a last
+// group's rows past M zeros, computed and not stored, else unread). An
 // output is the sum over steps, in order, of int_dot * (scale * d) + bias * xs per block (one
 // FMA each), kept per block, then (b0 + b2) + (b1 + b3). The VNNI form takes b null for a
 // symmetric format (every bias -2^(bits - 1) times its scale) and makes the biases from the
@@ -60,8 +61,9 @@ void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const
                  int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
                  int64_t n1);
 // Rows 0..M-1 of x (M, K; row stride ldx) rounded into the VNNI form's layout (xr, xd, xs; the
-// caller zeroes the room past K): per 32-value block d = amax / 127 (NaN when a value is not
-// finite), q = x / d rounded half to even (0 where d is 0 or NaN). The same bits as
+// caller zeroes the room past K and, past 4 rows, a last group's rows past M): per 32-value
+// block d = amax / 127 (NaN when a value is not finite), q = x / d rounded half to even (0
+// where d is 0 or NaN). The same bits as
 // quantized_matmul.cpp's portable quantize_x8; AVX-512 (BW), used where the VNNI form runs.
 void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
                        int64_t ldr, float* xd, float* xs, int64_t ldf);

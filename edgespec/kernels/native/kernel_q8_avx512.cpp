@@ -218,10 +218,12 @@ inline __m512 column_lanes(const float* v, int64_t k, int64_t K, int64_t gs) {
 // G groups and every round is one full load of 4 rows' x, so a row costs its vpdpbusd and
 // four float instructions a column and step, and no broadcast. Each lane computes what
 // q8block's (column, block) lane computes for that row, in the same order: the same bits.
+// Only the first `rows` rows are stored: a last group padded with rows of zeros (q8columns).
 template <int BITS, int G, int NC>
 void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
              const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
-             float* y, int64_t ldy, int64_t K, int64_t gs, const uint8_t* pf, int64_t pf_step) {
+             float* y, int64_t ldy, int64_t K, int64_t gs, const uint8_t* pf, int64_t pf_step,
+             int64_t rows) {
   __m512 acc[NC][G];
   #pragma GCC unroll 8
   for (int j = 0; j < NC; ++j)
@@ -269,14 +271,18 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
       alignas(64) float out[16];
       _mm512_store_ps(out, fold_blocks(acc[j][g]));
       #pragma GCC unroll 8
-      for (int i = 0; i < 4; ++i) y[(4 * g + i) * ldy + j] = out[4 * i];
+      for (int i = 0; i < 4; ++i)
+        if (4 * g + i < rows) y[(4 * g + i) * ldy + j] = out[4 * i];
     }
 }
 
 // Rows 0..M-1 of x (kernel_q.h's VNNI layout: groups of 4 rows, ldr bytes and ldf floats
 // apart) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every lane); nc
 // columns of y written. The full groups run q8group up to four at a time (four: a column a
-// pass), the rows of the last partial group q8block: the same bits for a row either way.
+// pass). Past 4 rows a last partial group runs as a full one, its rows past M zeros
+// (quantize_x8) computed and not stored: 5-7 rows then cost what 8 cost, where q8block's second
+// pass over the weights cost more (gate|up: 94, 103, 112 us against 104 for 8 rows). 1-3 rows
+// run q8block. The same bits for a row either way.
 template <int BITS>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
@@ -286,18 +292,21 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
   // next weights in while this quad computes (a one-row product waited on its loads).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
-  const int64_t full = M / 4;
+  const int64_t full = M > 4 ? (M + 3) / 4 : M / 4;
   for (int64_t g = 0, G; g < full; g += G, pf = nullptr) {
     G = full - g >= 4 ? 4 : full - g >= 2 ? 2 : 1;
     const int8_t* xg = xr + g * ldr;
     const float *dg = xd + g * ldf, *sg = xs + g * ldf;
     float* yg = y + 4 * g * ldy;
+    const int64_t rows = M - 4 * g;
     if (nc == 4 && G == 2) {
-      q8group<BITS, 2, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step);
+      q8group<BITS, 2, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
+                           rows);
       continue;
     }
     if (nc == 4 && G == 1) {
-      q8group<BITS, 1, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step);
+      q8group<BITS, 1, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
+                           rows);
       continue;
     }
     for (int j = 0; j < nc; ++j) {  // four groups (or one column): a column a pass
@@ -305,22 +314,21 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
       const float *sj = s + j * ldg, *bj = b ? b + j * ldg : nullptr;
       if (G == 4)
         q8group<BITS, 4, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step);
+                            pf_step, rows);
       else if (G == 2)
         q8group<BITS, 2, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step);
+                            pf_step, rows);
       else
         q8group<BITS, 1, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step);
+                            pf_step, rows);
     }
   }
   using Fn = void (*)(const int8_t*, const float*, const float*, const uint8_t*, int64_t,
                       const float*, const float*, int64_t, float*, int64_t, int64_t, int64_t,
                       int, const uint8_t*, int64_t);
   static constexpr Fn rest[] = {q8block<BITS, 1>, q8block<BITS, 2>, q8block<BITS, 3>};
-  if (M % 4 != 0)
-    rest[M % 4 - 1](xr + full * ldr, xd + full * ldf, xs + full * ldf, w, ldq, s, b, ldg,
-                    y + 4 * full * ldy, ldy, K, gs, nc, pf, pf_step);
+  if (M > 0 && M < 4)
+    rest[M - 1](xr, xd, xs, w, ldq, s, b, ldg, y, ldy, K, gs, nc, pf, pf_step);
 }
 
 #include "q8_rows.inc"

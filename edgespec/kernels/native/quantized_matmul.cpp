@@ -218,6 +218,11 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   if (static_cast<int64_t>(floats.size()) < 2 * units * ldf) floats.resize(2 * units * ldf);
   int8_t* xr = rounds.data();
   float *xd = floats.data(), *xs = xd + units * ldf;
+  if (groups && M > 4 && M % 4 != 0) {  // the rows past M of a last group it computes
+    std::memset(xr + (units - 1) * ldr, 0, ldr);
+    std::memset(xd + (units - 1) * ldf, 0, ldf * sizeof(float));
+    std::memset(xs + (units - 1) * ldf, 0, ldf * sizeof(float));
+  }
   if (K % 128 != 0) {  // the last step's room past K (a group's or a row's last step)
     const int64_t step = groups ? 512 : 128, floats = groups ? 16 : 4;
     for (int64_t u = 0; u < units; ++u) {
