@@ -185,10 +185,9 @@ STEEP_RATIO = 1.45
 
 def _steep(target) -> bool:
     """Whether ``target``'s verify-cost curve is past ``STEEP_RATIO``. There an EAGLE-3 arm's
-    head forwards and tree steps cost auto more than they won: on the 4-bit demo over the
-    simulated user's questions, auto with the arm was 1.10x plain (0.99x in one category),
-    without it 1.19x and never below plain in a category (docs/measurements.md, "Int8 products
-    in groups of four rows")."""
+    head forwards and tree steps cost auto more than they won (measured on the 4-bit demo over
+    the simulated user's questions: docs/measurements.md, "Int8 products in groups of four
+    rows")."""
     from ..targets.cost import verify_cost_curve
 
     return verify_cost_curve(target).ratio_8() >= STEEP_RATIO
@@ -201,9 +200,9 @@ def _auto(spec, target, sampling, draft):
     lookup's branch itself, plus its table's chain. No EAGLE-3 arm where the verify-cost curve
     is steep (``_steep``), unless a ``--head`` was given. No plain arm when every drafting arm
     gates itself (``Drafter.gates_itself``: the corpus arm alone, as on a steep curve): such an
-    arm already proposes only what its curve says pays, and on the 4-bit demo over the
-    simulated user's questions the bandit's choices between it and plain decoding cost 3-4%
-    against the corpus drafter alone (docs/measurements.md, "auto without a plain arm")."""
+    arm already proposes only what its curve says pays, and a bandit choosing between it and
+    plain decoding on noisy step timings was slower than the corpus drafter alone
+    (docs/measurements.md, "Auto without a plain arm")."""
     from .auto import PLAIN, AutoDrafter
 
     given = draft if draft is not None else spec.draft

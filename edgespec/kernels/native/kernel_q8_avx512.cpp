@@ -281,8 +281,8 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
 // columns of y written. The full groups run q8group up to four at a time (four: a column a
 // pass). Past 4 rows a last partial group runs as a full one, its rows past M zeros
 // (quantize_x8) computed and not stored: 5-7 rows then cost what 8 cost, where q8block's second
-// pass over the weights cost more (gate|up: 94, 103, 112 us against 104 for 8 rows). 1-3 rows
-// run q8block. The same bits for a row either way.
+// pass over the weights cost more than a full group (docs/measurements.md, "A partial group
+// run as a full one"). 1-3 rows run q8block. The same bits for a row either way.
 template <int BITS>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
