@@ -13,6 +13,7 @@ import pytest
 
 from edgespec.kernels import native
 from edgespec.targets import load_target
+from edgespec.targets.decoder import Decoder
 from edgespec.tree import DraftTree
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
@@ -49,7 +50,9 @@ def _run(target, on: bool, context: int):
 
 @pytest.mark.parametrize("kind,context", [("llama", 20), ("bias", 20), ("window", 20),
                                           ("window", 340)])
-def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context):
+def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context, monkeypatch):
+    monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # one call per layer (the
+    # stack of them in one call: tests/test_native_stack.py)
     target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
     assert all(b._fused.native_args is not None for b in target.model.model.layers)
     calls = []
@@ -81,6 +84,7 @@ def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_pat
 
     if q8 and not backend.use_q8_activations(4) and not mod.has_q8_activations():
         pytest.skip("no AVX-512 VNNI here")
+    monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # one call per layer
     target = load_target(_quantized_copy(tiny_models.path(layers=3), tmp_path / "q"), dtype="auto")
     assert target.quantized
     assert all(b._fused.native_args is not None for b in target.model.model.layers)

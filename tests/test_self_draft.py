@@ -15,6 +15,7 @@ from edgespec.drafters.early_exit import EarlyExitDrafter
 from edgespec.drafters.layer_skip import LayerSkipDrafter
 from edgespec.drafters.layer_subset import LayerSubset
 from edgespec.errors import ConfigError
+from edgespec.targets.decoder import Decoder
 
 from .tiny import KINDS
 
@@ -93,6 +94,7 @@ def test_early_exit_verifies_only_the_upper_layers(target, monkeypatch):
     eng = Engine(target, d)
     ids = eng.encode(PROMPT)
     monkeypatch.setattr(type(blocks[0]), "__call__", counting)
+    monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # every layer through __call__
     res = eng.generate(PROMPT, max_tokens=16)
     monkeypatch.undo()
     assert res.token_ids == Engine(target).generate(PROMPT, max_tokens=16).token_ids

@@ -20,6 +20,7 @@ from edgespec import Engine
 from edgespec.kernels import backend
 from edgespec.kernels import tree_attention as ta
 from edgespec.kernels.tree_mask import tree_mask
+from edgespec.targets.decoder import Decoder
 from edgespec.tree import DraftTree
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
@@ -123,6 +124,7 @@ def test_decoding_attends_through_the_kernel(mod, target, monkeypatch):  # noqa:
     real = ta.tree_attention_native
     monkeypatch.setattr(ta, "tree_attention_native", lambda *a, **kw: calls.append(a[0].shape[2]) or real(*a, **kw))
     block = mod.decoder_block  # float blocks run whole as one native op, attention included
+    monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # one such op per layer
     monkeypatch.setattr(mod, "decoder_block", lambda arrays, *a, **kw: calls.append(
         arrays[0].shape[0]) or block(arrays, *a, **kw))
     plain = Engine(target).generate("the cat sat on the mat", max_tokens=6)

@@ -25,11 +25,25 @@ from mlx.utils import tree_flatten
 
 from ..cache import KVCache
 from ..errors import ModelLoadError
+from ..kernels import native
 from ..kernels.attention import prepare
-from ..kernels.backend import q8_scope
+from ..kernels.backend import SMALL_M_MAX, q8_scope
 from ..kernels.fused_block import ManyMasks
 from ..kernels.matmul import linear
+from ..kernels.tree_mask import TreeMask
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
+
+
+def _native_stack(blocks) -> tuple:
+    """(each block's fused form, its native arguments, a ``DecoderStack`` of them or None when
+    some block has no native form or the native module is not loaded): ``_stack_for``'s."""
+    fused = [getattr(b, "_fused", None) for b in blocks]
+    args = [None if f is None else f.native_args for f in fused]
+    mod = native.load()
+    if mod is None or not hasattr(mod, "DecoderStack") or not fused or not all(
+            f is not None and f.native_ready() for f in fused):
+        return fused, args, None
+    return fused, args, mod.DecoderStack(args, [f.native_shape for f in fused])
 
 
 @dataclass
@@ -139,8 +153,66 @@ class Decoder(nn.Module):
         Cache slot of layer ``i``: ``i`` when the cache has a slot per layer of the model,
         otherwise the position of ``i`` in ``layers`` (a cache made for that subset).
         """
+        if layers is None:
+            stack = self._stack_for(tokens, masks, cache, hidden)
+            if stack is not None:
+                return self._run_stack(stack, tokens, masks, cache, hidden, capture)
         with q8_scope(self.native_blocks()):
             return self._run(tokens, positions, masks, cache, layers, hidden, capture)
+
+    def _stack_for(self, tokens, masks, cache, hidden):
+        """The blocks as one native call (``native.DecoderStack``) when every block of this
+        forward would run as one native operation in ``_run`` (the checks
+        ``FusedBlock.__call__`` makes, for every layer); else None.
+
+        The stack makes the per-layer path's operations, in its order, in one call: the same
+        bits, without the per-layer Python and argument conversion on the host thread, which
+        a step that is not pipelined (a verification) waits for before anything runs. It is
+        made once for the blocks' native forms and again when any block's changes (fused
+        anew, or its native arguments set aside)."""
+        blocks = self.model.layers
+        if (tokens.shape[0] != 1 or tokens.shape[1] > SMALL_M_MAX or len(masks) != len(blocks)
+                or cache.num_layers != len(blocks)
+                or (hidden is not None and hidden.dtype != mx.float32)
+                or type(self)._run is not Decoder._run
+                or type(self).layer_inputs is not Decoder.layer_inputs):
+            return None
+        held = self._stack
+        if held is None or len(held[0]) != len(blocks) or any(
+                getattr(b, "_fused", None) is not f or (f is not None and f.native_args is not a)
+                for b, f, a in zip(blocks, held[0], held[1])):
+            held = _native_stack(blocks)
+            object.__setattr__(self, "_stack", held)  # a plain attribute, not a parameter
+        stack = held[2]
+        if stack is None or not all(f.current(b) for f, b in zip(held[0], blocks)):
+            return None
+        for slot, m in enumerate(masks):
+            if not (isinstance(m, TreeMask) and m.native_block[0]
+                    and m.cached == cache.slots(slot)):
+                return None
+        return stack
+
+    def _run_stack(self, stack, tokens, masks, cache, hidden, capture):
+        """``_run`` through ``stack`` (``_stack_for``): the same outputs and cache rows."""
+        x = self.embed(tokens) if hidden is None else hidden
+        n = x.shape[1]
+        keys, values, slots, ancs, qposs, starts, windows = [], [], [], [], [], [], []
+        for i, (m, f) in enumerate(zip(masks, self._stack[0])):
+            k, v, at = cache.write_buffers(i, n, f.native_shape[2], f.native_shape[3])
+            keys.append(k)
+            values.append(v)
+            slots.append(at)
+            anc, qpos = m.device_arrays
+            ancs.append(anc)
+            qposs.append(qpos)
+            starts.append(m.key_start)
+            windows.append(m.window or 0)
+        wanted = sorted(c for c in set(capture) if 0 <= c <= len(keys))
+        out, keys, values, got = stack.forward(x, keys, values, ancs, qposs, slots, starts,
+                                               windows, masks[0].native_block[1], wanted)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            cache.set_buffers(i, k, v)
+        return out, dict(zip(wanted, got))
 
     def _run(self, tokens, positions, masks, cache, layers, hidden, capture):
         x = self.embed(tokens) if hidden is None else hidden
@@ -182,6 +254,8 @@ class Decoder(nn.Module):
             if len(blocks) in capture:
                 captured[len(blocks)] = x
             return x, captured
+
+    _stack = None  # _native_stack's (fused forms, native arguments, DecoderStack or None)
 
     def fuse(self) -> int:
         """Fuse every block that has a fused form, then put the weights a decoding step

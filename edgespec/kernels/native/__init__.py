@@ -128,6 +128,11 @@ def _self_check(mod: ModuleType) -> None:
         raise RuntimeError("its x @ w.T differs from MLX's")
 
 
+# Each module file imported in this process: importing one again (after ``reset``) would run
+# its initialisation twice, and nanobind registers a class (DecoderStack) once per process.
+_imported: dict[str, ModuleType] = {}
+
+
 def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
     if os.environ.get("EDGESPEC_NATIVE", "1") == "0":
         return None, NativeStatus(False, "off (EDGESPEC_NATIVE=0)")
@@ -142,9 +147,12 @@ def _try_load(directory: Path) -> tuple[ModuleType | None, NativeStatus]:
         return None, NativeStatus(False, f"stale (built from other sources than those in "
                                          f"{SOURCE_DIR}); {build_hint()}", str(path))
     try:
-        spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _imported.get(str(path))
+        if mod is None:
+            spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            _imported[str(path)] = mod
         if mod.built_for_mlx != mx.__version__:  # before any call: another MLX's array ABI
             raise RuntimeError(f"built for MLX {mod.built_for_mlx}, "
                                f"MLX {mx.__version__} is installed")

@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <stdexcept>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "block.h"
@@ -102,6 +103,54 @@ NB_MODULE(_edgespec_native, m) {
       "rows attend to its own cache (arrays: decoder_block's, then keys and values of each "
       "sequence after the first); returns (out, keys_1, values_1, keys_2, values_2, ...); "
       "dual: the EAGLE-3 head's layer.");
+  nb::class_<edgespec_native::DecoderStack>(
+      m, "DecoderStack",
+      "A model's decoder blocks as one call per forward (block.h): each layer's arrays after "
+      "x, keys, values, anc and qpos, and its decoder_block shape, held from construction.")
+      .def(
+          "__init__",
+          [block_shape](edgespec_native::DecoderStack* self,
+                        std::vector<std::vector<edgespec_native::mx::array>> layer_args,
+                        const std::vector<nb::tuple>& shapes) {
+            std::vector<edgespec_native::BlockShape> s;
+            for (const auto& t : shapes) {
+              if (t.size() != 12)
+                throw std::invalid_argument(
+                    "DecoderStack: a shape is (hidden, heads, kv_heads, head_dim, intermediate, "
+                    "rope_dims, traditional, mscale, rope_scale, eps, attn_scale, quant)");
+              s.push_back(block_shape(
+                  nb::cast<int>(t[0]), nb::cast<int>(t[1]), nb::cast<int>(t[2]),
+                  nb::cast<int>(t[3]), nb::cast<int>(t[4]), nb::cast<int>(t[5]),
+                  nb::cast<bool>(t[6]), nb::cast<float>(t[7]), nb::cast<float>(t[8]),
+                  nb::cast<float>(t[9]), nb::cast<float>(t[10]),
+                  nb::cast<std::vector<std::vector<int>>>(t[11]), false, false));
+            }
+            new (self) edgespec_native::DecoderStack(std::move(layer_args), std::move(s));
+          },
+          "layer_args"_a, "shapes"_a)
+      .def("__len__", &edgespec_native::DecoderStack::layers)
+      .def(
+          "forward",
+          [](const edgespec_native::DecoderStack& st, const edgespec_native::mx::array& x,
+             const std::vector<edgespec_native::mx::array>& keys,
+             const std::vector<edgespec_native::mx::array>& values,
+             const std::vector<edgespec_native::mx::array>& anc,
+             const std::vector<edgespec_native::mx::array>& qpos,
+             const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
+             const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture) {
+            const size_t L = st.layers();
+            auto all = st.forward(x, keys, values, anc, qpos, slots, key_starts, windows, q8,
+                                  capture);
+            std::vector<edgespec_native::mx::array> k(all.begin() + 1, all.begin() + 1 + L);
+            std::vector<edgespec_native::mx::array> v(all.begin() + 1 + L,
+                                                      all.begin() + 1 + 2 * L);
+            std::vector<edgespec_native::mx::array> c(all.begin() + 1 + 2 * L, all.end());
+            return std::make_tuple(all[0], k, v, c);
+          },
+          "x"_a, "keys"_a, "values"_a, "anc"_a, "qpos"_a, "slots"_a, "key_starts"_a,
+          "windows"_a, "q8"_a, "capture"_a,
+          "Every layer over x's rows in turn: returns (out, keys, values, captured), the "
+          "layers' cache buffers with the new rows and x as it entered each layer in capture.");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

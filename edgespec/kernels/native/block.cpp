@@ -333,6 +333,58 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   return result;
 }
 
+DecoderStack::DecoderStack(std::vector<std::vector<mx::array>> layer_args,
+                           std::vector<BlockShape> shapes)
+    : args_(std::move(layer_args)), shapes_(std::move(shapes)) {
+  check(!shapes_.empty() && args_.size() == shapes_.size(),
+        "a stack needs one argument list and one shape per layer");
+  for (const auto& s : shapes_) check(!s.dual, "a stack's layers are the model's, not dual");
+}
+
+std::vector<mx::array> DecoderStack::forward(
+    const mx::array& x0, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
+    const std::vector<mx::array>& anc, const std::vector<mx::array>& qpos,
+    const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
+    const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture) const {
+  const size_t L = shapes_.size();
+  check(keys.size() == L && values.size() == L && anc.size() == L && qpos.size() == L &&
+            slots.size() == L && key_starts.size() == L && windows.size() == L,
+        "a stack forward needs keys, values, anc, qpos, slots, key_starts and windows for each "
+        "of its " + std::to_string(L) + " layers");
+  for (size_t c = 0; c < capture.size(); ++c)
+    check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
+          "capture takes increasing layer ids from 0 to the layer count");
+  const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
+  std::vector<mx::array> new_keys, new_values, captured;
+  new_keys.reserve(L);
+  new_values.reserve(L);
+  mx::array x = x0;
+  size_t next = 0;  // the next entry of capture
+  std::vector<mx::array> arrays;
+  for (size_t i = 0; i < L; ++i) {
+    if (next < capture.size() && size_t(capture[next]) == i) {
+      captured.push_back(x);
+      ++next;
+    }
+    arrays.clear();
+    arrays.reserve(5 + args_[i].size());
+    arrays.insert(arrays.end(), {x, keys[i], values[i], anc[i], qpos[i]});
+    arrays.insert(arrays.end(), args_[i].begin(), args_[i].end());
+    BlockShape s = shapes_[i];
+    s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
+    auto out = decoder_block_op(arrays, s, {{rows, slots[i], key_starts[i], windows[i]}});
+    x = out[0];
+    new_keys.push_back(out[1]);
+    new_values.push_back(out[2]);
+  }
+  if (next < capture.size()) captured.push_back(x);  // capture == L: the last out
+  std::vector<mx::array> result{x};
+  result.insert(result.end(), new_keys.begin(), new_keys.end());
+  result.insert(result.end(), new_values.begin(), new_values.end());
+  result.insert(result.end(), captured.begin(), captured.end());
+  return result;
+}
+
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
   mx::Shape out = in[X].shape();
   out.back() = shape_.hidden;

@@ -68,6 +68,32 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
                                         const BlockShape& shape,
                                         const std::vector<SegmentSpec>& segs);
 
+// A model's blocks run in turn over one sequence's rows, each as decoder_block_op: the same
+// operations and bits as one call per layer, built by one call. Each layer's arrays after x,
+// keys, values, anc and qpos (inv_freq, n1, n2, bqkv, bgu, bd, weights...) and its shape are
+// held from construction, so a forward converts only what changes (x and the caches). For
+// `layers` entries: keys/values the layer's cache buffers, anc/qpos its TreeMask's arrays,
+// slots/key_starts/windows its SegmentSpec. Returns the last block's out, then each layer's
+// keys', then each layer's values', then x as it enters each layer listed in `capture`
+// (increasing; the layer count itself: the last out).
+class DecoderStack {
+ public:
+  DecoderStack(std::vector<std::vector<mx::array>> layer_args, std::vector<BlockShape> shapes);
+  std::vector<mx::array> forward(const mx::array& x, const std::vector<mx::array>& keys,
+                                 const std::vector<mx::array>& values,
+                                 const std::vector<mx::array>& anc,
+                                 const std::vector<mx::array>& qpos,
+                                 const std::vector<int64_t>& slots,
+                                 const std::vector<int64_t>& key_starts,
+                                 const std::vector<int64_t>& windows, bool q8,
+                                 const std::vector<int>& capture) const;
+  size_t layers() const { return shapes_.size(); }
+
+ private:
+  std::vector<std::vector<mx::array>> args_;
+  std::vector<BlockShape> shapes_;
+};
+
 class DecoderBlock : public mx::Primitive {
  public:
   DecoderBlock(mx::Stream stream, BlockShape shape, std::vector<SegmentSpec> segs)

@@ -1,0 +1,152 @@
+"""The decoder blocks as one native call per forward (``native.DecoderStack``, taken by
+``Decoder._stack_for``) against one native call per layer (the same operations): the same
+bits in the logits, the captured hidden states and the cache, for chains and trees, float and
+4/8-bit weights, a sliding window; the per-layer path wherever a block would not run natively
+(its weights replaced, its native form set aside, a long forward); bad arguments named."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec import Engine
+from edgespec.targets import load_target
+from edgespec.targets.decoder import Decoder
+from edgespec.tree import DraftTree
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+from .tiny import KINDS
+
+PER_LAYER = staticmethod(lambda *a: None)
+
+
+def _forwards(target, context: int = 20, capture=()):
+    """Logits and captured states of a chain, a tree and one token after ``context`` tokens,
+    and the cache's committed keys/values after them."""
+    cache = target.make_cache()
+    ids = [(5 * i + 3) % 200 + 4 for i in range(context + 12)]
+    for a in range(0, context, 64):  # prefill chunks longer than a stack forward takes
+        target.score(ids[a : min(a + 64, context)], cache, head=False)
+        cache.commit()
+    outs = []
+    for tokens, keep in ((ids[context : context + 5], None),
+                         (DraftTree([ids[context + 5], 9, 10, 11, 12, 13], [-1, 0, 0, 1, 1, 3]),
+                          [0, 1, 3]),
+                         ([7], None)):
+        out = target.score(tokens, cache, capture=capture)
+        outs.append(np.array(out.logits))
+        outs += [np.array(out.captured[c]) for c in sorted(out.captured)]
+        cache.commit(keep)
+    kv = [np.array(a[..., : cache.slots(i), :]) for buffers in (cache.keys, cache.values)
+          for i, a in enumerate(buffers)]
+    return outs, kv
+
+
+def _both_paths(target, monkeypatch, **kw):
+    """_forwards through the stack (asserting it ran) and one native call per layer."""
+    ran = []
+    real = Decoder._run_stack
+    monkeypatch.setattr(Decoder, "_run_stack", lambda self, *a: ran.append(1) or real(self, *a))
+    got = _forwards(target, **kw)
+    assert ran, "the stack did not run"
+    monkeypatch.setattr(Decoder, "_stack_for", PER_LAYER)
+    want = _forwards(target, **kw)
+    monkeypatch.undo()
+    return got, want
+
+
+def _assert_same(got, want):
+    for g, w in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("kind,context", [("llama", 20), ("bias", 20), ("window", 20),
+                                          ("window", 340)])
+def test_the_stack_gives_the_per_layer_bits(mod, tiny_models, kind, context, monkeypatch):
+    target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
+    _assert_same(*_both_paths(target, monkeypatch, context=context, capture=(0, 2, 3)))
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (8, True)])
+@pytest.mark.parametrize("q8", [False, True])
+def test_the_stack_gives_the_per_layer_bits_quantized(mod, tiny_models, tmp_path, bits,
+                                                      symmetric, q8, monkeypatch):
+    from edgespec.kernels import backend
+
+    from .test_qmatmul import _quantized_copy
+
+    if q8 and not mod.has_q8_activations():
+        pytest.skip("no int8 activation kernels here")
+    target = load_target(_quantized_copy(tiny_models.path(layers=3), tmp_path / "q", bits,
+                                         symmetric), dtype="auto")
+    assert target.quantized
+    backend.set_q8_activations(q8)
+    try:
+        _assert_same(*_both_paths(target, monkeypatch, capture=(1,)))
+    finally:
+        backend.set_q8_activations(None)
+
+
+def test_greedy_decoding_through_the_stack_is_the_per_layer_decoding(mod, tiny_models,
+                                                                       monkeypatch):
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    chat = [{"role": "user", "content": "the cat sat on the mat"}]
+    got = Engine(target, pipeline=False).generate(chat, max_tokens=12).token_ids
+    monkeypatch.setattr(Decoder, "_stack_for", PER_LAYER)
+    assert Engine(target, pipeline=False).generate(chat, max_tokens=12).token_ids == got
+
+
+def test_the_stack_steps_aside_where_a_block_would(mod, tiny_models, monkeypatch):
+    """A replaced weight (the fused copy is stale), a block's native form set aside, a forward
+    longer than the native block takes: each runs as ``_run`` does, and the stack is taken
+    again once the block is native again."""
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    model, cache = target.model, target.make_cache()
+    ids = [(5 * i + 3) % 200 + 4 for i in range(80)]
+    ran = []
+    real = Decoder._run_stack
+    monkeypatch.setattr(Decoder, "_run_stack", lambda self, *a: ran.append(1) or real(self, *a))
+
+    def stacked(tokens) -> bool:
+        ran.clear()
+        target.score(tokens, cache)
+        return bool(ran)
+
+    assert not stacked(ids[:70])  # 70 tokens: more than a native block takes
+    cache.commit()
+    assert stacked(ids[70:72])
+    block = model.model.layers[1]
+    saved = block._fused.native_args
+    block._fused.native_args = None
+    assert not stacked(ids[70:72])
+    block._fused.native_args = saved
+    assert stacked(ids[70:72])
+    q = block.self_attn.q_proj
+    q.weight = q.weight * 1.0  # the module's weight is no longer the fused copy's view
+    assert not block._fused.current(block)
+    assert not stacked(ids[70:72])
+
+
+def test_bad_stack_arguments_name_what_is_allowed(mod, tiny_models):
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    fused = [b._fused for b in target.model.model.layers]
+    stack = mod.DecoderStack([f.native_args for f in fused], [f.native_shape for f in fused])
+    assert len(stack) == 2
+    with pytest.raises(ValueError, match="one argument list and one shape per layer"):
+        mod.DecoderStack([fused[0].native_args], [f.native_shape for f in fused])
+    with pytest.raises(ValueError, match=r"a shape is \(hidden, heads"):
+        mod.DecoderStack([fused[0].native_args], [fused[0].native_shape[:5]])
+    x = mx.zeros((1, 1, target.args.hidden_size))
+    cache = target.make_cache()
+    keys = [cache.write_buffers(i, 1, f.native_shape[2], f.native_shape[3])[0]
+            for i, f in enumerate(fused)]
+    anc, qpos = mx.ones((1, 2), dtype=mx.uint32), mx.zeros((1,), dtype=mx.int32)
+    with pytest.raises(ValueError, match="for each of its 2 layers"):
+        stack.forward(x, keys[:1], keys, [anc] * 2, [qpos] * 2, [0, 0], [0, 0], [0, 0], False, [])
+    with pytest.raises(ValueError, match="capture takes increasing layer ids"):
+        stack.forward(x, keys, keys, [anc] * 2, [qpos] * 2, [0, 0], [0, 0], [0, 0], False, [2, 1])
+    out, k, v, got = stack.forward(x, keys, keys, [anc] * 2, [qpos] * 2, [0, 0], [0, 0], [0, 0],
+                                   False, [0, 2])
+    mx.eval(out, k, v, got)
+    assert out.shape == x.shape and len(k) == len(v) == 2 and len(got) == 2
