@@ -150,3 +150,18 @@ def test_bad_stack_arguments_name_what_is_allowed(mod, tiny_models):
                                    False, [0, 2])
     mx.eval(out, k, v, got)
     assert out.shape == x.shape and len(k) == len(v) == 2 and len(got) == 2
+
+
+def test_the_stack_rounds_x_as_the_per_layer_path_inside_any_scope(mod, tiny_models, tmp_path,
+                                                                   monkeypatch):
+    """The masks are asked whether x is rounded to int8 as ``_run`` asks them (inside
+    ``q8_scope(True)``, every block being native), whatever scope the caller is in."""
+    from edgespec.kernels import backend
+
+    from .test_qmatmul import _quantized_copy
+
+    if not mod.has_q8_activations():
+        pytest.skip("no int8 activation kernels here")
+    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"), dtype="auto")
+    with backend.q8_scope(False):
+        _assert_same(*_both_paths(target, monkeypatch))

@@ -186,10 +186,12 @@ class Decoder(nn.Module):
         stack = held[2]
         if stack is None or not all(f.current(b) for f, b in zip(held[0], blocks)):
             return None
-        for slot, m in enumerate(masks):
-            if not (isinstance(m, TreeMask) and m.native_block[0]
-                    and m.cached == cache.slots(slot)):
-                return None
+        # every block is native here, so ``_run`` would ask the masks inside q8_scope(True)
+        with q8_scope(True):
+            for slot, m in enumerate(masks):
+                if not (isinstance(m, TreeMask) and m.native_block[0]
+                        and m.cached == cache.slots(slot)):
+                    return None
         return stack
 
     def _run_stack(self, stack, tokens, masks, cache, hidden, capture):
