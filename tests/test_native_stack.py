@@ -92,7 +92,11 @@ def test_greedy_decoding_through_the_stack_is_the_per_layer_decoding(mod, tiny_m
                                                                        monkeypatch):
     target = load_target(tiny_models.path(layers=2), dtype="float32")
     chat = [{"role": "user", "content": "the cat sat on the mat"}]
+    ran = []
+    real = Decoder._run_stack
+    monkeypatch.setattr(Decoder, "_run_stack", lambda self, *a: ran.append(1) or real(self, *a))
     got = Engine(target, pipeline=False).generate(chat, max_tokens=12).token_ids
+    assert len(ran) >= len(got) - 1  # every step's forward after the prompt's
     monkeypatch.setattr(Decoder, "_stack_for", PER_LAYER)
     assert Engine(target, pipeline=False).generate(chat, max_tokens=12).token_ids == got
 
