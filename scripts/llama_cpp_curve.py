@@ -32,7 +32,7 @@ import mlx.core as mx  # noqa: E402
 
 from edgespec.loading.hub import resolve_model  # noqa: E402
 from edgespec.targets import load_target  # noqa: E402
-from edgespec.targets.cost import _cpu_name  # noqa: E402
+from edgespec.targets.cost import _cpu_name, primed_cache  # noqa: E402
 from vs_llama_cpp import gguf_file, requantized  # noqa: E402
 
 
@@ -55,16 +55,10 @@ def main(argv=None) -> int:
     llm = Llama(model_path=str(path), n_ctx=a.context + max(sizes) + 8, n_batch=512,
                 n_threads=os.cpu_count(), logits_all=True, verbose=False)
     target = load_target(resolve_model(str(path)), dtype="auto")
-    vocab = min(llm.n_vocab(), target.args.vocab_size)
-    ids = [(7 * i) % max(vocab - 10, 1) + 5 for i in range(a.context + max(sizes))]
+    cache, ids = primed_cache(target, a.context, max(sizes))  # the same file: the same vocabulary
     context, more = ids[: a.context], ids[a.context :]
-
     llm.reset()
     llm.eval(context)
-    cache = target.make_cache()
-    target.score(context, cache, head=False)
-    cache.commit()
-    mx.eval(cache.state())
 
     def llama_forward(n: int) -> float:
         batch = llm._batch

@@ -174,10 +174,16 @@ class FusedBlock:
                 and a["v_proj"]["weight"] is v and m["gate_proj"]["weight"] is g
                 and m["up_proj"]["weight"] is u)
 
-    def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
-        if (self.native_args is not None and isinstance(mask, TreeMask)
+    def runs_native(self, rows: int, mask, cache: KVCache, layer: int) -> bool:
+        """Whether a forward of ``rows`` float32 rows of one sequence under ``mask`` runs as
+        the one native operation (``__call__``; ``Decoder._stack_for`` asks it of every block)."""
+        return (self.native_args is not None and isinstance(mask, TreeMask)
                 and mask.cached == cache.slots(layer) and mask.native_block[0]
-                and x.shape[0] == 1 and x.shape[1] <= SMALL_M_MAX and x.dtype == mx.float32):
+                and rows <= SMALL_M_MAX)
+
+    def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
+        if x.shape[0] == 1 and x.dtype == mx.float32 and self.runs_native(x.shape[1], mask,
+                                                                          cache, layer):
             return self._native(x, mask, cache, layer)
         positions, mask = prepare(positions, mask)
         compiled = x.shape[1] <= COMPILE_MAX_TOKENS and _compile_wanted()

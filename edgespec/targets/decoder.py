@@ -27,10 +27,9 @@ from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..kernels import native
 from ..kernels.attention import prepare
-from ..kernels.backend import SMALL_M_MAX, q8_scope
+from ..kernels.backend import q8_scope
 from ..kernels.fused_block import ManyMasks
 from ..kernels.matmul import linear
-from ..kernels.tree_mask import TreeMask
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
 
@@ -171,8 +170,7 @@ class Decoder(nn.Module):
         made once for the blocks' native forms and again when any block's changes (fused
         anew, or its native arguments set aside)."""
         blocks = self.model.layers
-        if (tokens.shape[0] != 1 or tokens.shape[1] > SMALL_M_MAX or len(masks) != len(blocks)
-                or cache.num_layers != len(blocks)
+        if (tokens.shape[0] != 1 or len(masks) != len(blocks) or cache.num_layers != len(blocks)
                 or (hidden is not None and hidden.dtype != mx.float32)
                 or type(self)._run is not Decoder._run
                 or type(self).layer_inputs is not Decoder.layer_inputs):
@@ -187,11 +185,11 @@ class Decoder(nn.Module):
         if stack is None or not all(f.current(b) for f, b in zip(held[0], blocks)):
             return None
         # every block is native here, so ``_run`` would ask the masks inside q8_scope(True)
+        n = tokens.shape[1]
         with q8_scope(True):
-            for slot, m in enumerate(masks):
-                if not (isinstance(m, TreeMask) and m.native_block[0]
-                        and m.cached == cache.slots(slot)):
-                    return None
+            if not all(f.runs_native(n, m, cache, i)
+                       for i, (f, m) in enumerate(zip(held[0], masks))):
+                return None
         return stack
 
     def _run_stack(self, stack, tokens, masks, cache, hidden, capture):

@@ -138,14 +138,9 @@ NB_MODULE(_edgespec_native, m) {
              const std::vector<edgespec_native::mx::array>& qpos,
              const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
              const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture) {
-            const size_t L = st.layers();
-            auto all = st.forward(x, keys, values, anc, qpos, slots, key_starts, windows, q8,
-                                  capture);
-            std::vector<edgespec_native::mx::array> k(all.begin() + 1, all.begin() + 1 + L);
-            std::vector<edgespec_native::mx::array> v(all.begin() + 1 + L,
-                                                      all.begin() + 1 + 2 * L);
-            std::vector<edgespec_native::mx::array> c(all.begin() + 1 + 2 * L, all.end());
-            return std::make_tuple(all[0], k, v, c);
+            auto r = st.forward(x, keys, values, anc, qpos, slots, key_starts, windows, q8,
+                                capture);
+            return std::make_tuple(r.out, r.keys, r.values, r.captured);
           },
           "x"_a, "keys"_a, "values"_a, "anc"_a, "qpos"_a, "slots"_a, "key_starts"_a,
           "windows"_a, "q8"_a, "capture"_a,

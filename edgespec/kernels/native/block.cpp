@@ -341,7 +341,7 @@ DecoderStack::DecoderStack(std::vector<std::vector<mx::array>> layer_args,
   for (const auto& s : shapes_) check(!s.dual, "a stack's layers are the model's, not dual");
 }
 
-std::vector<mx::array> DecoderStack::forward(
+StackOut DecoderStack::forward(
     const mx::array& x0, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
     const std::vector<mx::array>& anc, const std::vector<mx::array>& qpos,
     const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
@@ -355,34 +355,26 @@ std::vector<mx::array> DecoderStack::forward(
     check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
           "capture takes increasing layer ids from 0 to the layer count");
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
-  std::vector<mx::array> new_keys, new_values, captured;
-  new_keys.reserve(L);
-  new_values.reserve(L);
-  mx::array x = x0;
-  size_t next = 0;  // the next entry of capture
+  StackOut r{x0, {}, {}, {}};
+  r.keys.reserve(L);
+  r.values.reserve(L);
   std::vector<mx::array> arrays;
   for (size_t i = 0; i < L; ++i) {
-    if (next < capture.size() && size_t(capture[next]) == i) {
-      captured.push_back(x);
-      ++next;
-    }
+    if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
+      r.captured.push_back(r.out);
     arrays.clear();
     arrays.reserve(5 + args_[i].size());
-    arrays.insert(arrays.end(), {x, keys[i], values[i], anc[i], qpos[i]});
+    arrays.insert(arrays.end(), {r.out, keys[i], values[i], anc[i], qpos[i]});
     arrays.insert(arrays.end(), args_[i].begin(), args_[i].end());
     BlockShape s = shapes_[i];
     s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
     auto out = decoder_block_op(arrays, s, {{rows, slots[i], key_starts[i], windows[i]}});
-    x = out[0];
-    new_keys.push_back(out[1]);
-    new_values.push_back(out[2]);
+    r.out = out[0];
+    r.keys.push_back(out[1]);
+    r.values.push_back(out[2]);
   }
-  if (next < capture.size()) captured.push_back(x);  // capture == L: the last out
-  std::vector<mx::array> result{x};
-  result.insert(result.end(), new_keys.begin(), new_keys.end());
-  result.insert(result.end(), new_values.begin(), new_values.end());
-  result.insert(result.end(), captured.begin(), captured.end());
-  return result;
+  if (r.captured.size() < capture.size()) r.captured.push_back(r.out);  // capture == L
+  return r;
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {

@@ -73,13 +73,18 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
 // keys, values, anc and qpos (inv_freq, n1, n2, bqkv, bgu, bd, weights...) and its shape are
 // held from construction, so a forward converts only what changes (x and the caches). For
 // `layers` entries: keys/values the layer's cache buffers, anc/qpos its TreeMask's arrays,
-// slots/key_starts/windows its SegmentSpec. Returns the last block's out, then each layer's
-// keys', then each layer's values', then x as it enters each layer listed in `capture`
-// (increasing; the layer count itself: the last out).
+// slots/key_starts/windows its SegmentSpec. Returns the last block's out, each layer's keys'
+// and values', and x as it enters each layer listed in `capture` (increasing; the layer count
+// itself: the last out).
+struct StackOut {
+  mx::array out;
+  std::vector<mx::array> keys, values, captured;
+};
+
 class DecoderStack {
  public:
   DecoderStack(std::vector<std::vector<mx::array>> layer_args, std::vector<BlockShape> shapes);
-  std::vector<mx::array> forward(const mx::array& x, const std::vector<mx::array>& keys,
+  StackOut forward(const mx::array& x, const std::vector<mx::array>& keys,
                                  const std::vector<mx::array>& values,
                                  const std::vector<mx::array>& anc,
                                  const std::vector<mx::array>& qpos,
