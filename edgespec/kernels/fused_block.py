@@ -29,6 +29,7 @@ from .attention import attend, prepare
 from . import native
 from .backend import SMALL_M_MAX, choice_key, on_cpu
 from .matmul import small_matmul
+from . import qmatmul
 from .qmatmul import quantized_small_matmul, symmetric_biases
 from .tree_mask import TreeMask
 from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope
@@ -61,9 +62,12 @@ class FusedBlock:
     """
 
     def __init__(self, block, weights: dict[str, mx.array], views: list[mx.array],
-                 quant: tuple | None):
+                 quant: tuple | None, halves: dict[str, tuple] | None = None):
         a, r = block.self_attn, block.self_attn.rope
         self.w = weights
+        # the native forward's (packed, scales, biases) of a product whose float32 scales and
+        # biases are float16 numbers, as float16 (``half_scales``); the modules keep float32
+        self.halves = halves or {}
         self.views = views
         self.scale = a.scale
         self.key = (a.h, a.kv, a.d, r.dims, r.mscale, block.input_layernorm.eps, r.traditional,
@@ -87,7 +91,7 @@ class FusedBlock:
         self.native_args = None
         if "nq" not in weights and native_takes(quant):
             def flat(name):
-                w = weights[name]
+                w = self.halves.get(name, weights[name])
                 return list(w) if isinstance(w, tuple) else [w]
 
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
@@ -126,8 +130,11 @@ class FusedBlock:
                         "wo": joined_weights([a.o_proj], quantized),
                         "wgu": joined_weights(gu, quantized),
                         "wd": joined_weights([m.down_proj], quantized)}
+            native = quantized and a.q_norm is None and native_takes(quant) and on_cpu()
+            halves = {n: (t[0], *h) for n, t in streamed.items()
+                      if native and (h := qmatmul.half_scales(*t[1:])) is not None}
         else:
-            streamed = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
+            streamed, halves = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
              **streamed}
         if "bias" in a.q_proj:
@@ -138,7 +145,7 @@ class FusedBlock:
             w["bd"] = m.down_proj.bias
         if a.q_norm is not None:
             w["nq"], w["nk"] = a.q_norm.weight, a.k_norm.weight
-        mx.eval(w)
+        mx.eval(w, halves)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
             fused = fused if quantized else (fused,)
@@ -150,7 +157,7 @@ class FusedBlock:
                 start += n
                 views.append(lin.weight)
         mx.eval([lin[n] for lin in (*qkv, *gu) for n in names])
-        return cls(block, w, views, quant)
+        return cls(block, w, views, quant, halves)
 
     def native_ready(self) -> bool:
         """Whether small forwards of this block run as one native operation: it has the native
@@ -160,10 +167,12 @@ class FusedBlock:
         return self.native_args is not None and floats.dtype == mx.float32
 
     def streamed(self) -> list[mx.array]:
-        """The weights a forward streams, in the order it reads them (a quantized weight as
-        its packed weight, scales and biases)."""
+        """The weights a native forward streams, in the order it reads them (a quantized
+        weight as its packed weight, scales and biases: float16 ones where ``halves`` has
+        them)."""
         return [a for n in _STREAMED
-                for a in (self.w[n] if isinstance(self.w[n], tuple) else (self.w[n],))]
+                for a in (self.halves.get(n, self.w[n]) if isinstance(self.w[n], tuple)
+                          else (self.w[n],))]
 
     def current(self, block) -> bool:
         # item lookups (an nn.Module is a dict of its children and arrays): this runs for every
@@ -273,17 +282,23 @@ def run_native_block(args: list, shape: tuple, x: mx.array, mask: TreeMask, cach
     return out
 
 
-def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj, down_proj) -> dict:
-    """``placed`` (a ``streamed()`` list, moved) as the fused weights by name; o_proj and
-    down_proj, which are not joined with others, take theirs as their own weights."""
+def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj,
+                 down_proj) -> tuple[dict, dict]:
+    """``placed`` (a ``streamed()`` list, moved) as the fused weights by name, and the
+    products whose scales and biases came as float16 (``FusedBlock.halves``; the fused weights
+    take float32 copies of them); o_proj and down_proj, which are not joined with others, take
+    theirs as their own weights."""
     k = len(names)
     assert len(placed) == k * len(_STREAMED), (len(placed), k)
     streamed = {n: tuple(placed[i * k : i * k + k]) if quantized else placed[i]
                 for i, n in enumerate(_STREAMED)}
+    halves = {n: t for n, t in streamed.items() if quantized and t[1].dtype == mx.float16}
+    for n, (packed, scales, biases) in halves.items():
+        streamed[n] = (packed, scales.astype(mx.float32), biases.astype(mx.float32))
     for lin, n in ((o_proj, "wo"), (down_proj, "wd")):
         for name, array in zip(names, streamed[n] if quantized else (streamed[n],)):
             setattr(lin, name, array)
-    return streamed
+    return streamed, halves
 
 
 def quant_key(block) -> tuple | None:

@@ -20,8 +20,8 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import native
-from .backend import KernelError, use_quantized_small_matmul, use_small_matmul
+from . import native, qmatmul
+from .backend import KernelError, on_cpu, use_quantized_small_matmul, use_small_matmul
 from .qmatmul import quantized_small_matmul, symmetric_biases
 
 
@@ -68,6 +68,23 @@ def _symmetric(module: nn.Module, scales: mx.array, biases: mx.array | None) -> 
     return seen[2]
 
 
+def halves(module: nn.Module) -> tuple | None:
+    """``qmatmul.half_scales`` of a bias-free affine quantized module's scales and biases,
+    which ``linear`` hands the native kernel: made once for these arrays (as ``_symmetric``),
+    on the CPU only (the native kernel's); None where there are none."""
+    scales, biases = module["scales"], module.get("biases")
+    if biases is None or not on_cpu():
+        return None
+    seen = module.__dict__.get("_edgespec_halves")
+    if seen is None or seen[0] is not scales or seen[1] is not biases:
+        made = qmatmul.half_scales(scales, biases)
+        if made is not None:
+            mx.eval(made)
+        seen = (scales, biases, made)
+        module.__dict__["_edgespec_halves"] = seen
+    return seen[2]
+
+
 def linear(module: nn.Module, x: mx.array) -> mx.array:
     """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
     ``nn.Embedding`` (the tied LM head) through ``small_matmul``; a bias-free affine
@@ -77,7 +94,8 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
             and module.mode == "affine":
         scales, biases = module["scales"], module.get("biases")
         return quantized_small_matmul(x, module["weight"], scales, biases, module.group_size,
-                                      module.bits, _symmetric(module, scales, biases))
+                                      module.bits, _symmetric(module, scales, biases),
+                                      halves(module))
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)

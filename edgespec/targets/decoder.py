@@ -29,7 +29,7 @@ from ..kernels import native
 from ..kernels.attention import prepare
 from ..kernels.backend import q8_scope
 from ..kernels.fused_block import ManyMasks
-from ..kernels.matmul import linear
+from ..kernels.matmul import halves, linear
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
 
@@ -266,6 +266,8 @@ class Decoder(nn.Module):
         if huge_pages_wanted():
             head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
             head_arrays = [a for _, a in tree_flatten(head.parameters())]
+            if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
+                head_arrays += halves(head) or ()  # what the native kernel reads instead
             streamed = pack_blocks(self.model.layers) + head_arrays
             self.huge_page_bytes = sum(advise_huge_pages(a) for a in streamed)
         return fused

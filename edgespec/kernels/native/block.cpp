@@ -40,7 +40,8 @@ bool row_contiguous_2d(const mx::array& a, int rows, int cols) {
 struct Weights {
   const float* w = nullptr;
   const uint32_t* wq = nullptr;
-  const float *scales = nullptr, *biases = nullptr;
+  const void *scales = nullptr, *biases = nullptr;  // float32, or float16 where half
+  bool half = false;
   int group_size = 0, bits = 0;
   bool symmetric = false;  // every bias -2^(bits - 1) times its scale (quantized_matmul.h)
 };
@@ -75,8 +76,8 @@ struct BlockJob {
 void product(const Weights& w, bool q8, const float* x, int64_t M, int64_t K, float* y,
              int64_t N) {
   if (w.w != nullptr) return small_matmul(x, K, w.w, K, y, N, M, N, K);
-  quantized_small_matmul(x, K, w.wq, w.scales, w.biases, y, N, M, N, K, w.group_size, w.bits,
-                         q8, w.symmetric);
+  quantized_small_matmul(x, K, w.wq, w.scales, w.biases, w.half, y, N, M, N, K, w.group_size,
+                         w.bits, q8, w.symmetric);
 }
 
 void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
@@ -297,13 +298,14 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
     }
     check((bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && cols[p] % gs == 0,
           "quantized products need bits 4 or 8 and group size 32, 64 or 128");
-    check(in[at].dtype() == mx::uint32 && in[at + 1].dtype() == mx::float32 &&
-              in[at + 2].dtype() == mx::float32 &&
+    const auto sdt = in[at + 1].dtype();
+    check(in[at].dtype() == mx::uint32 && (sdt == mx::float32 || sdt == mx::float16) &&
+              in[at + 2].dtype() == sdt &&
               row_contiguous_2d(in[at], rows[p], cols[p] * bits / 32) &&
               row_contiguous_2d(in[at + 1], rows[p], cols[p] / gs) &&
               row_contiguous_2d(in[at + 2], rows[p], cols[p] / gs),
-          "quantized weights must be contiguous uint32 (N, K bits / 32) with float32 scales and "
-          "biases (N, K / group size)");
+          "quantized weights must be contiguous uint32 (N, K bits / 32) with scales and "
+          "biases (N, K / group size), both float32 or both float16");
     at += 3;
   }
   check(!s.q8 || has_q8_activations(), "int8 activations need AVX-512 VNNI code");
@@ -439,8 +441,9 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
       w.w = inputs[at++].data<float>();
     } else {
       w.wq = inputs[at].data<uint32_t>();
-      w.scales = inputs[at + 1].data<float>();
-      w.biases = inputs[at + 2].data<float>();
+      w.scales = inputs[at + 1].data<void>();
+      w.biases = inputs[at + 2].data<void>();
+      w.half = inputs[at + 1].dtype() == mx::float16;
       w.group_size = shape_.quant[p][0];
       w.bits = shape_.quant[p][1];
       w.symmetric = shape_.quant[p][2] != 0;

@@ -51,15 +51,18 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // output is the sum over steps, in order, of int_dot * (scale * d) + bias * xs per block (one
 // FMA each), kept per block, then (b0 + b2) + (b1 + b3). The VNNI form takes b null for a
 // symmetric format (every bias -2^(bits - 1) times its scale) and makes the biases from the
-// scales: the same values, so the same bits, without reading them.
+// scales: the same values, so the same bits, without reading them. s and b are float32, or
+// float16 where half (widened exactly as they are read: the same bits as their float32
+// values; a step then reads half the scale bytes, a third of a 4-bit product's traffic).
+// The AVX2 form needs F16C (q8_form: every AVX2 CPU has it).
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
-                       int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
-                       const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
-                       int64_t gs, int64_t n0, int64_t n1);
+                       int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s,
+                       const void* b, bool half, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                       int64_t K, int64_t gs, int64_t n0, int64_t n1);
 void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
-                 int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
-                 int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
-                 int64_t n1);
+                 int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s, const void* b,
+                 bool half, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
+                 int64_t n0, int64_t n1);
 // Rows 0..M-1 of x (M, K; row stride ldx) rounded into the VNNI form's layout (xr, xd, xs; the
 // caller zeroes the room past K and, past 4 rows, a last group's rows past M): per 32-value
 // block d = amax / 127 (NaN when a value is not finite), q = x / d rounded half to even (0

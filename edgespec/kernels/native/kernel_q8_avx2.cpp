@@ -1,4 +1,4 @@
-// The int8-activation form of kernel_q.h's product on AVX2, compiled with -mavx2 -mfma only
+// The int8-activation form of kernel_q.h's product on AVX2, compiled with -mavx2 -mfma -mf16c only
 // (see kernel.h for why the ISA files include nothing else): kernel_q8_avx512.cpp's scheme on
 // 256-bit vectors, the 4 columns as two pairs, one after the other, with 8-lane accumulators
 // (lane (column, block)), so every lane takes the same float operations in the same order as there:
@@ -69,13 +69,25 @@ inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m256i 
   }
 }
 
+// v[0 .. n - 1] (n <= 4), the rest 0: float32 scales or biases, or float16 ones (their bits as
+// uint16_t), widened exactly (F16C).
+inline __m128 quad(const float* v, int n) {
+  return _mm_maskload_ps(v, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
+}
+
+inline __m128 quad(const uint16_t* v, int n) {
+  long long bits = 0;
+  __builtin_memcpy(&bits, v, 2 * n);
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(bits));
+}
+
 // Lane (j, b) = v[j * ldg + group of block b] for the pair's columns (0 past K).
-inline __m256 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+template <typename S>
+inline __m256 per_lane(const S* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
   const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;  // gs is 32, 64 or 128: shifts, not divisions
   const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
   const int n = int(left < gpc ? left : gpc);
-  const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3));
-  __m128 c0 = _mm_maskload_ps(v + g0, m), c1 = _mm_maskload_ps(v + ldg + g0, m);
+  __m128 c0 = quad(v + g0, n), c1 = quad(v + ldg + g0, n);
   if (gs == 64) {  // block b's group: b / 2
     c0 = _mm_permute_ps(c0, _MM_SHUFFLE(1, 1, 0, 0));
     c1 = _mm_permute_ps(c1, _MM_SHUFFLE(1, 1, 0, 0));
@@ -106,9 +118,9 @@ inline __m256i dot(const __m256i lo[8], const __m256i hi[8], const int8_t* x) {
   }
 }
 
-template <int BITS, int MB>
+template <int BITS, int MB, typename S>
 inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-                    const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+                    const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg,
                     float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
                     int64_t pf_step) {
   alignas(32) float out[MB][8];
@@ -138,18 +150,18 @@ inline void q8block(const int8_t* xr, int64_t ldr, const float* xd, const float*
   }
 }
 
-template <int BITS>
+template <int BITS, typename S>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-               const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
+               const uint8_t* w, int64_t ldq, const S* s, const S* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
   // The first row block asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
   // spread over its steps, as the VNNI form does (q8rows asks for their scales and biases).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128;
   const int64_t pf_step = (4 * ldq + 2 * steps * 64 - 1) / (2 * steps * 64) * 64;
-#define Q8ROWS(MB, m)                                                                          \
-  q8block<BITS, MB>(xr + (m) * ldr, ldr, xd + (m) * ldf, xs + (m) * ldf, ldf, w, ldq, s, b, ldg, \
-                    y + (m) * ldy, ldy, K, gs, nc, (m) == 0 ? pf : nullptr, pf_step)
+#define Q8ROWS(MB, m)                                                                      \
+  q8block<BITS, MB, S>(xr + (m) * ldr, ldr, xd + (m) * ldf, xs + (m) * ldf, ldf, w, ldq, s, b, \
+                       ldg, y + (m) * ldy, ldy, K, gs, nc, (m) == 0 ? pf : nullptr, pf_step)
   int64_t m = 0;
   for (; m + kMaxRows <= M; m += kMaxRows) Q8ROWS(kMaxRows, m);
   switch (M - m) {
@@ -166,10 +178,10 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
 }  // namespace
 
 void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
-                 int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s, const float* b,
-                 int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0,
-                 int64_t n1) {
-  q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+                 int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s, const void* b,
+                 bool half, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
+                 int64_t n0, int64_t n1) {
+  q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, half, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
 }  // namespace edgespec_native

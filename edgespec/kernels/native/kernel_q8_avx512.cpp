@@ -78,15 +78,39 @@ inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m512i 
   }
 }
 
+// Lanes 4j .. 4j + n - 1 = v[j * ldg + g0 ..] for j < 4 (bits: n ones), the rest 0: float32
+// scales or biases, or float16 ones (their bits as uint16_t), widened exactly.
+inline __m512 quads(const float* v, int64_t ldg, int64_t g0, unsigned bits) {
+  __m512 out = _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j)
+    out = _mm512_mask_loadu_ps(out, __mmask16(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
+  return out;
+}
+
+inline __m512 quads(const uint16_t* v, int64_t ldg, int64_t g0, unsigned bits) {
+  __m512i h = _mm512_setzero_si512();
+  for (int j = 0; j < 4; ++j)
+    h = _mm512_mask_loadu_epi16(h, __mmask32(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+}
+
+// v[0..3] in each 128-bit lane.
+inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+
+inline __m512 bcast4(const uint16_t* p) {
+  long long bits;
+  __builtin_memcpy(&bits, p, 8);
+  return _mm512_cvtph_ps(_mm256_set1_epi64x(bits));
+}
+
 // Lane (j, b) = v[j * ldg + group of block b] for the step at k (0 past K): the 4 columns'
-// scales or biases of the step's groups.
-inline __m512 per_lane(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+// scales or biases of the step's groups (S: float, or uint16_t for float16).
+template <typename S>
+inline __m512 per_lane(const S* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
   const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;  // gs is 32, 64 or 128: shifts, not divisions
   const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
   const unsigned n = unsigned(left < gpc ? left : gpc), bits = (1u << n) - 1u;
-  __m512 out = _mm512_setzero_ps();
-  for (int j = 0; j < 4; ++j)  // lanes 4j .. 4j + n - 1 from v[j * ldg + g0 ..]
-    out = _mm512_mask_loadu_ps(out, __mmask16(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
+  const __m512 out = quads(v, ldg, g0, bits);
   if (gs == 32) return out;
   const int bsh = sh - 5;  // block b's group in the step: b >> bsh
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -111,8 +135,6 @@ inline __m512i bcast16(const int8_t* p) {
   return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
-
 // The row layout of kernel_q.h's VNNI form: row i of a group at 16 * i bytes of each 64-byte
 // round and 4 * i floats of each 16-float step of xd and xs.
 constexpr int64_t kStepBytes = 512, kRoundBytes = 64, kStepFloats = 16;
@@ -120,9 +142,9 @@ constexpr int64_t kStepBytes = 512, kRoundBytes = 64, kStepFloats = 16;
 // Rows 0..MB-1 (MB < 4) of one group of x against 4 columns in (column, block) lanes: the
 // weights are rearranged once per step for these rows, each row's rounds broadcast to the 4
 // columns: the rows past the full groups of 4 (q8columns).
-template <int BITS, int MB>
+template <int BITS, int MB, typename S>
 inline void q8block(const int8_t* xr, const float* xd, const float* xs, const uint8_t* wq,
-                    int64_t ldq, const float* s, const float* b, int64_t ldg, float* y,
+                    int64_t ldq, const S* s, const S* b, int64_t ldg, float* y,
                     int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
                     int64_t pf_step) {
   __m512 acc[MB];
@@ -207,9 +229,10 @@ inline void column_rounds(const uint8_t* w, int64_t k, int64_t K, __m512i r[8]) 
 
 // Lane (row i, block b) = v[the group of the step's block b] (0 past K): one column's scales
 // or biases, the same for every row.
-inline __m512 column_lanes(const float* v, int64_t k, int64_t K, int64_t gs) {
+template <typename S>
+inline __m512 column_lanes(const S* v, int64_t k, int64_t K, int64_t gs) {
   if (gs == 32 && K - k >= 128)  // the 4 groups of a whole step: one broadcast load
-    return _mm512_broadcast_f32x4(_mm_loadu_ps(v + (k >> 5)));
+    return bcast4(v + (k >> 5));
   return per_lane(v, 0, k, K, gs);  // ldg 0: the one column in every lane
 }
 
@@ -219,9 +242,9 @@ inline __m512 column_lanes(const float* v, int64_t k, int64_t K, int64_t gs) {
 // four float instructions a column and step, and no broadcast. Each lane computes what
 // q8block's (column, block) lane computes for that row, in the same order: the same bits.
 // Only the first `rows` rows are stored: a last group padded with rows of zeros (q8columns).
-template <int BITS, int G, int NC>
+template <int BITS, int G, int NC, typename S>
 void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-             const uint8_t* wq, int64_t ldq, const float* s, const float* b, int64_t ldg,
+             const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg,
              float* y, int64_t ldy, int64_t K, int64_t gs, const uint8_t* pf, int64_t pf_step,
              int64_t rows) {
   __m512 acc[NC][G];
@@ -283,9 +306,9 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
 // (quantize_x8) computed and not stored: 5-7 rows then cost what 8 cost, where q8block's second
 // pass over the weights cost more than a full group (docs/measurements.md, "A partial group
 // run as a full one"). 1-3 rows run q8block. The same bits for a row either way.
-template <int BITS>
+template <int BITS, typename S>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-               const uint8_t* w, int64_t ldq, const float* s, const float* b, int64_t ldg,
+               const uint8_t* w, int64_t ldq, const S* s, const S* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
   // The first pass asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
   // spread over its steps (q8rows asks for their scales and biases): nothing else brings the
@@ -300,33 +323,33 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
     float* yg = y + 4 * g * ldy;
     const int64_t rows = M - 4 * g;
     if (nc == 4 && G == 2) {
-      q8group<BITS, 2, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
+      q8group<BITS, 2, 4, S>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
                            rows);
       continue;
     }
     if (nc == 4 && G == 1) {
-      q8group<BITS, 1, 4>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
+      q8group<BITS, 1, 4, S>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
                            rows);
       continue;
     }
     for (int j = 0; j < nc; ++j) {  // four groups (or one column): a column a pass
       const uint8_t *wj = w + j * ldq, *pj = j == 0 ? pf : nullptr;
-      const float *sj = s + j * ldg, *bj = b ? b + j * ldg : nullptr;
+      const S *sj = s + j * ldg, *bj = b ? b + j * ldg : nullptr;
       if (G == 4)
-        q8group<BITS, 4, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+        q8group<BITS, 4, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
                             pf_step, rows);
       else if (G == 2)
-        q8group<BITS, 2, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+        q8group<BITS, 2, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
                             pf_step, rows);
       else
-        q8group<BITS, 1, 1>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
+        q8group<BITS, 1, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
                             pf_step, rows);
     }
   }
   using Fn = void (*)(const int8_t*, const float*, const float*, const uint8_t*, int64_t,
-                      const float*, const float*, int64_t, float*, int64_t, int64_t, int64_t,
-                      int, const uint8_t*, int64_t);
-  static constexpr Fn rest[] = {q8block<BITS, 1>, q8block<BITS, 2>, q8block<BITS, 3>};
+                      const S*, const S*, int64_t, float*, int64_t, int64_t, int64_t, int,
+                      const uint8_t*, int64_t);
+  static constexpr Fn rest[] = {q8block<BITS, 1, S>, q8block<BITS, 2, S>, q8block<BITS, 3, S>};
   if (M > 0 && M < 4)
     rest[M - 1](xr, xd, xs, w, ldq, s, b, ldg, y, ldy, K, gs, nc, pf, pf_step);
 }
@@ -389,10 +412,10 @@ int32_t q8_dot_loop_avx512vnni(int64_t iters) {
 }
 
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
-                       int64_t ldf, const uint8_t* wq, int64_t ldq, const float* s,
-                       const float* b, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K,
-                       int64_t gs, int64_t n0, int64_t n1) {
-  q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n0, n1);
+                       int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s,
+                       const void* b, bool half, int64_t ldg, float* y, int64_t ldy, int64_t M,
+                       int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, half, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
 }  // namespace edgespec_native

@@ -29,7 +29,8 @@ int q8_form_for(const std::string& name) {
   if (name == "avx512" && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vnni"))
     return 2;
-  return name == "avx512" || name == "avx2" ? 1 : 0;
+  // the AVX2 form widens float16 scales with F16C, which every AVX2 CPU has
+  return (name == "avx512" || name == "avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
 #else
   (void)name;
   return 0;
@@ -102,7 +103,8 @@ struct QJob {
   int64_t ldx;
   const uint8_t* wq;
   int64_t ldq;
-  const float *s, *b;
+  const void *s, *b;  // float32, or float16 where half
+  bool half;
   int64_t ldg;
   float* y;
   int64_t ldy, M, N, K, gs, rows;
@@ -113,21 +115,66 @@ struct QJob {
   bool symmetric = false;  // every bias is -2^(bits - 1) times its scale (quantized_matmul.h)
 };
 
+// A float16 value (its bits) as float32: exact, subnormals, infinities and NaNs included.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else {
+    const float f = std::ldexp(static_cast<float>(man), -24);  // 0 or a subnormal half
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void run_qrows(const QJob& j, int64_t n0, int64_t n1);
+
 void run_qchunk(void* ctx, int64_t chunk) {
   const QJob& j = *static_cast<const QJob*>(ctx);
   const int64_t n0 = chunk * j.rows, n1 = n0 + j.rows < j.N ? n0 + j.rows : j.N;
 #if defined(__x86_64__) || defined(_M_X64)
   if (j.q8)
     return (j.form == 2 ? q8rows_avx512vnni : q8rows_avx2)(
-        j.bits, j.xr, j.ldr, j.xd, j.xs, j.ldf, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
-        j.gs, n0, n1);
+        j.bits, j.xr, j.ldr, j.xd, j.xs, j.ldf, j.wq, j.ldq, j.s, j.b, j.half, j.ldg, j.y, j.ldy,
+        j.M, j.K, j.gs, n0, n1);
+#endif
+  if (!j.half) return run_qrows(j, n0, n1);
+  // The float-activation forms read float32 scales: this chunk's, widened (the same values),
+  // its rows then numbered from 0.
+  thread_local std::vector<float> widened;
+  const int64_t n = (n1 - n0) * j.ldg;
+  if (static_cast<int64_t>(widened.size()) < 2 * n) widened.resize(2 * n);
+  const uint16_t *s = static_cast<const uint16_t*>(j.s) + n0 * j.ldg,
+                 *b = static_cast<const uint16_t*>(j.b) + n0 * j.ldg;
+  for (int64_t i = 0; i < n; ++i) {
+    widened[i] = half_to_float(s[i]);
+    widened[n + i] = half_to_float(b[i]);
+  }
+  QJob c = j;
+  c.s = widened.data();
+  c.b = widened.data() + n;
+  c.half = false;
+  c.wq = j.wq + n0 * j.ldq;
+  c.y = j.y + n0;
+  run_qrows(c, 0, n1 - n0);
+}
+
+// Columns n0..n1-1 of the float-activation forms (float32 scales and biases).
+void run_qrows(const QJob& j, int64_t n0, int64_t n1) {
+  const float *js = static_cast<const float*>(j.s), *jb = static_cast<const float*>(j.b);
+#if defined(__x86_64__) || defined(_M_X64)
   if (j.gemm) {
     // The chunk's float weights (~128 KB) stay in L2 while the float kernel runs every block
     // of kSlab rows of x against them.
     constexpr int64_t kSlab = 64;
     thread_local std::vector<float> weights;
     float* wf = aligned_room(weights, (n1 - n0) * j.K);
-    (j.isa == 2 ? qdequantize_avx512 : qdequantize_avx2)(j.bits, j.wq, j.ldq, j.s, j.b, j.ldg,
+    (j.isa == 2 ? qdequantize_avx512 : qdequantize_avx2)(j.bits, j.wq, j.ldq, js, jb, j.ldg,
                                                          j.K, j.gs, n0, n1, wf, j.K);
     const RowsFn rows = j.isa == 2 ? rows_avx512 : rows_avx2;
     for (int64_t m = 0; m < j.M; m += kSlab)
@@ -141,14 +188,14 @@ void run_qchunk(void* ctx, int64_t chunk) {
     buf = aligned_room(room, 4 * j.K);
   }
   if (j.isa == 2)
-    return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
+    return qrows_avx512(j.bits, j.x, j.ldx, j.wq, j.ldq, js, jb, j.ldg, j.y, j.ldy, j.M, j.K,
                         j.gs, n0, n1, buf);
   if (j.isa == 1)
-    return qrows_avx2(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K,
+    return qrows_avx2(j.bits, j.x, j.ldx, j.wq, j.ldq, js, jb, j.ldg, j.y, j.ldy, j.M, j.K,
                       j.gs, n0, n1, buf);
 #endif
-  qrows_generic(j.bits, j.x, j.ldx, j.wq, j.ldq, j.s, j.b, j.ldg, j.y, j.ldy, j.M, j.K, j.gs,
-                n0, n1);
+  qrows_generic(j.bits, j.x, j.ldx, j.wq, j.ldq, js, jb, j.ldg, j.y, j.ldy, j.M, j.K, j.gs, n0,
+                n1);
 }
 
 // x (M, K; row stride ldx) with each 32-value block de-interleaved into xp (M, K): the
@@ -294,12 +341,13 @@ void run_qjob(QJob job) {
 
 }  // namespace
 
-void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
-                            const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
-                            int64_t K, int group_size, int bits, bool q8, bool symmetric) {
+void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const void* scales,
+                            const void* biases, bool half, float* y, int64_t ldy, int64_t M,
+                            int64_t N, int64_t K, int group_size, int bits, bool q8,
+                            bool symmetric) {
   QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits, q8, nullptr, nullptr, nullptr,
            0, 0, x, ldx, reinterpret_cast<const uint8_t*>(wq),
-           K * bits / 8, scales, biases, K / group_size, y, ldy, M, N, K, group_size, 0};
+           K * bits / 8, scales, biases, half, K / group_size, y, ldy, M, N, K, group_size, 0};
   job.symmetric = symmetric;
   run_qjob(job);
 }
@@ -312,9 +360,10 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
         "int8 activations need AVX2 or AVX-512 code (has_q8_activations())");
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group_size must be 32, 64 or 128");
-  check(x.dtype() == mx::float32 && scales.dtype() == mx::float32 &&
-            biases.dtype() == mx::float32 && wq.dtype() == mx::uint32,
-        "need float32 x, scales, biases and uint32 wq");
+  check(x.dtype() == mx::float32 && wq.dtype() == mx::uint32 &&
+            (scales.dtype() == mx::float32 || scales.dtype() == mx::float16) &&
+            biases.dtype() == scales.dtype(),
+        "need float32 x, uint32 wq, and scales and biases both float32 or both float16");
   check(x.ndim() >= 1 && wq.ndim() == 2 && scales.ndim() == 2 && scales.shape() == biases.shape(),
         "need x (..., K), wq (N, K*bits/32), scales and biases (N, K/group_size)");
   const int K = x.shape(-1), N = wq.shape(0);
@@ -348,7 +397,8 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
   QJob job{isa() == "avx512" ? 2 : isa() == "avx2" ? 1 : 0, bits_, q8_, nullptr, nullptr, nullptr,
            0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
-           sc.data<float>(), bi.data<float>(), int64_t(sc.shape(1)), out.data<float>(),
+           sc.data<void>(), bi.data<void>(), sc.dtype() == mx::float16, int64_t(sc.shape(1)),
+           out.data<float>(),
            int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
            int64_t(x.shape(1)), group_size_, 0};
   job.symmetric = symmetric_;

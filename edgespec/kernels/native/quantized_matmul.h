@@ -1,7 +1,15 @@
 // The MLX op and primitive for kernel_q.h: quantized_small_matmul(x, wq, scales, biases,
 // group_size, bits) = x @ dequantize(...).T for float32 x (..., K) and MLX's affine layout
-// (bits 4 or 8, group_size 32, 64 or 128, float32 scales and biases). CPU only, like
-// small_matmul.h. Runs the AVX-512 or AVX2 code on CPUs that have it, else plain C++.
+// (bits 4 or 8, group_size 32, 64 or 128, scales and biases both float32 or both float16).
+// CPU only, like small_matmul.h. Runs the AVX-512 or AVX2 code on CPUs that have it, else
+// plain C++.
+//
+// Float16 scales and biases are the same values as their float32 copies wherever those are
+// float16 numbers (GGUF's Q4_0/Q4_1/Q8_0 store them so): the products widen each one exactly,
+// so the bits are the same, and a step reads half the bytes for them. A 4-bit product with
+// float32 ones reads 8 bytes of them for every 16 of packed weights; with float16 ones, 4.
+// The int8 forms read them as they are; the float-activation forms widen a chunk's into a
+// float32 buffer first.
 #pragma once
 
 #include "mlx/array.h"
@@ -23,9 +31,10 @@ mx::array quantized_small_matmul_op(const mx::array& x, const mx::array& wq,
 // The op's body: y (M, N; row stride ldy) = x (M, K; row stride ldx) @ dequantize(wq, scales,
 // biases).T for contiguous packed rows (K * bits / 32 words) and scales/biases (K / group_size),
 // on the pool's threads. Also run inside the fused decoder block (block.h).
-void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const float* scales,
-                            const float* biases, float* y, int64_t ldy, int64_t M, int64_t N,
-                            int64_t K, int group_size, int bits, bool q8,
+// scales and biases: float32, or float16 (their bits) where half.
+void quantized_small_matmul(const float* x, int64_t ldx, const uint32_t* wq, const void* scales,
+                            const void* biases, bool half, float* y, int64_t ldy, int64_t M,
+                            int64_t N, int64_t K, int group_size, int bits, bool q8,
                             bool symmetric = false);
 
 // Whether q8 = true (x quantized to int8 per 32-value block, kernel_q.h's int8 forms) can run:
