@@ -35,11 +35,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
 from .kernels.backend import metal_summary, native_summary
+from .kernels.matmul import halves
 from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
@@ -110,13 +112,32 @@ def decode_and_bandwidth(engine, rounds: int = _DECODE_ROUNDS) -> tuple[list[flo
 
 
 def streamed_bytes(target) -> int:
-    """Bytes of the weights one decoding step reads: all but an untied embedding table, and of
-    a mixture of experts' stacked experts the share one token's router picks (k of E)."""
+    """Bytes of the weights one decoding step reads: all but an untied embedding table, of
+    a mixture of experts' stacked experts the share one token's router picks (k of E), and
+    float32 scales and biases the native products read as float16 copies at half their bytes
+    (``_halved_bytes``)."""
     untied = not target.model.args.tie_word_embeddings
     shares = expert_shares(target.model)
     return round(sum(v.nbytes * (_expert_share(k, shares) or 1.0)
                      for k, v in tree_flatten(target.model.parameters())
-                     if not (untied and k.startswith("model.embed_tokens."))))
+                     if not (untied and k.startswith("model.embed_tokens.")))) - _halved_bytes(
+                         target)
+
+
+def _halved_bytes(target) -> int:
+    """The bytes a step does not read of the float32 scales and biases whose float16 copies
+    the native products read instead (``qmatmul.half_scales``: the fused blocks' ``halves``
+    and the LM head's): as many as the copies hold."""
+    model = target.model
+    inner = getattr(model, "model", None)
+    saved = sum(a.nbytes for block in getattr(inner, "layers", ())
+                if getattr(block, "_fused", None) is not None
+                for _, scales, biases in block._fused.halves.values() for a in (scales, biases))
+    head = (getattr(inner, "embed_tokens", None) if model.args.tie_word_embeddings
+            else getattr(model, "lm_head", None))
+    if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
+        saved += sum(a.nbytes for a in halves(head) or ())
+    return saved
 
 
 def _expert_share(key: str, shares: dict[str, float]) -> float | None:

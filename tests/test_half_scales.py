@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from edgespec import doctor
 from edgespec.kernels import backend, qmatmul
 from edgespec.kernels.matmul import halves, linear
 from edgespec.kernels.qmatmul import half_scales
@@ -132,6 +133,9 @@ def test_a_target_with_float16_scales_streams_them_and_keeps_its_bits(
         assert block.mlp.down_proj.biases.dtype == mx.float32
     head = _head(half)
     assert halves(head) is not None and halves(_head(wide)) is None
+    copies = sum(a.nbytes for b in blocks for a in b.streamed() if a.dtype == mx.float16)
+    copies += sum(a.nbytes for a in halves(head))
+    assert doctor.streamed_bytes(wide) - doctor.streamed_bytes(half) == copies  # read halved
     calls = []
     real = mod.quantized_small_matmul
     monkeypatch.setattr(mod, "quantized_small_matmul",
