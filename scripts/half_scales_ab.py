@@ -1,8 +1,9 @@
 """Float16 scales and biases for the native quantized products (``fused_block.half_scales``)
 against float32 ones, in one process: the demo model loaded twice, once each way.
 
-Usage: python scripts/half_scales_ab.py [DTYPE] [ROUNDS] [PROMPTS] [LIMIT] [METHODS] — DTYPE
-``auto`` (default: the GGUF's 4-bit weights) or a requantized copy (``q8_0``). First the bytes
+Usage: python scripts/half_scales_ab.py [MODEL] [ROUNDS] [PROMPTS] [LIMIT] [METHODS] — MODEL
+``demo`` (default; its GGUF's 4-bit weights kept, ``--dtype auto``) or a GGUF's path (the q8_0
+copy ``scripts/vs_llama_cpp.py --requantize q8_0`` writes). First the bytes
 of weights a one-token forward streams each way; then, after a 128-token context, a forward
 (build, evaluation and LM head) over a 1, 2, 4, 8 and 16-node tree, each way in turn, ``ROUNDS``
 rounds (default 40; the order alternates), the median ms of each; then every method of
@@ -43,11 +44,11 @@ def head(target):
     return model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
 
 
-def targets(dtype: str) -> dict:
+def targets(model: str) -> dict:
     with mock.patch.object(qmatmul, "half_scales", lambda s, b: None):
-        wide = load("demo", dtype=dtype, progress=False)
+        wide = load(model, dtype="auto", progress=False)
         halves(head(wide))  # made (as none) here, whatever Decoder.fuse did
-    return {"float32": wide, "float16": load("demo", dtype=dtype, progress=False)}
+    return {"float32": wide, "float16": load(model, dtype="auto", progress=False)}
 
 
 def streamed_mb(target) -> float:
@@ -103,10 +104,10 @@ def decoding(ways: dict, prompts: str, limit: int, methods: list[str]) -> None:
               f"outputs identical: {same}")
 
 
-def main(dtype: str = "auto", rounds: str = "40",
+def main(model: str = "demo", rounds: str = "40",
          prompts: str = str(ROOT / "data" / "workloads" / "simuser_test.jsonl"),
          limit: str = "12", methods: str = "none,corpus,eagle3") -> None:
-    ways = targets(dtype)
+    ways = targets(model)
     print(" ".join(f"{w} scales: a token reads {streamed_mb(t):.1f} MB of weights;"
                    for w, t in ways.items()))
     forwards(ways, int(rounds))
