@@ -398,9 +398,8 @@ void QuantizedSmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::ar
            0, 0, x.data<float>(), int64_t(x.shape(1)),
            reinterpret_cast<const uint8_t*>(wq.data<uint32_t>()), int64_t(wq.shape(1)) * 4,
            sc.data<void>(), bi.data<void>(), sc.dtype() == mx::float16, int64_t(sc.shape(1)),
-           out.data<float>(),
-           int64_t(out.shape(1)), int64_t(x.shape(0)), int64_t(wq.shape(0)),
-           int64_t(x.shape(1)), group_size_, 0};
+           out.data<float>(), int64_t(out.shape(1)), int64_t(x.shape(0)),
+           int64_t(wq.shape(0)), int64_t(x.shape(1)), group_size_, 0};
   job.symmetric = symmetric_;
   encoder.dispatch([job]() { run_qjob(job); });
 }
