@@ -12,7 +12,10 @@ The configurations are interleaved round by round and the best round is kept (th
 be shared: the best is the least disturbed). Prints µs per product and the ratio to one row.
 ``--symmetric`` gives the weights biases of -2^(bits - 1) times their scales (GGUF's Q8_0) and
 adds a column, ``int8 sym``: the int8 product told so (``symmetric=True``), which on AVX-512 VNNI
-makes the biases from the scales instead of reading them (the same bits).
+makes the biases from the scales instead of reading them (the same bits). ``--half`` rounds the
+scales and biases to float16 numbers (as a GGUF's are) and adds a column, ``int8 f16``: the int8
+product reading float16 copies of them (``qmatmul.half_scales``; the same bits; told symmetric
+with ``--symmetric``).
 ``EDGESPEC_KERNEL_THREADS=1`` times one thread. ``--clock cpu`` times the process's CPU time
 instead of the wall clock (on a machine shared with other jobs, time spent descheduled is not
 counted; with more than one kernel thread it sums their time).
@@ -46,6 +49,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--symmetric", action="store_true",
                    help="biases of -2^(bits - 1) x scales, and an int8 column told so")
+    p.add_argument("--half", action="store_true",
+                   help="float16-number scales, and an int8 column reading float16 copies")
     p.add_argument("--json", help="write the table here too")
     return p.parse_args(argv)
 
@@ -73,8 +78,15 @@ def main(argv=None) -> dict:
         ws = {s: [(wq, sc, sc * -float(2 ** (a.bits - 1))) for wq, sc, _ in w]
               for s, w in ws.items()}
     kinds = ("float", "int8", "int8 sym") if a.symmetric else ("float", "int8")
+    wide = ws
+    if a.half:
+        ws = {s: [(wq, sc.astype(mx.float16), bi.astype(mx.float16)) for wq, sc, bi in w]
+              for s, w in ws.items()}
+        wide = {s: [(wq, sc.astype(mx.float32), bi.astype(mx.float32)) for wq, sc, bi in w]
+                for s, w in ws.items()}
+        kinds += ("int8 f16",)
     xs = {(s, m): mx.random.normal((m, SHAPES[s][1])) for s in shapes for m in rows}
-    mx.eval(ws, xs)
+    mx.eval(ws, wide, xs)
     configs = [(s, isa, kind, m) for s in shapes for isa in isas for kind in kinds for m in rows]
     clock = time.process_time if a.clock == "cpu" else time.perf_counter
     best: dict = {}
@@ -84,8 +96,9 @@ def main(argv=None) -> dict:
             for s, isa, kind, m in configs:
                 mod.set_isa(isa)
                 try:
-                    us = time_one(xs[s, m], ws[s], a.group_size, a.bits, kind != "float",
-                                  a.calls, clock, kind == "int8 sym")
+                    us = time_one(xs[s, m], (ws if kind == "int8 f16" else wide)[s],
+                                  a.group_size, a.bits, kind != "float", a.calls, clock,
+                                  kind == "int8 sym" or (kind == "int8 f16" and a.symmetric))
                 except ValueError:  # no int8 form for this ISA in this build
                     us = float("nan")
                 key = (s, isa, kind, m)

@@ -69,16 +69,26 @@ inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m256i 
   }
 }
 
-// v[0 .. n - 1] (n <= 4), the rest 0: float32 scales or biases, or float16 ones (their bits as
-// uint16_t), widened exactly (F16C).
-inline __m128 quad(const float* v, int n) {
-  return _mm_maskload_ps(v, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
+// v[0 .. n - 1] and w[0 .. n - 1] (n <= 4) in lanes 0 and 1, the rest 0: float32 scales or
+// biases, or float16 ones (their bits as uint16_t), widened exactly (F16C, one conversion).
+inline __m256 pair(const float* v, const float* w, int n) {
+  const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_maskload_ps(v, m)),
+                              _mm_maskload_ps(w, m), 1);
 }
 
-inline __m128 quad(const uint16_t* v, int n) {
+inline long long four_halves(const uint16_t* v, int n) {
   long long bits = 0;
-  __builtin_memcpy(&bits, v, 2 * n);
-  return _mm_cvtph_ps(_mm_cvtsi64_si128(bits));
+  if (n == 4) {
+    __builtin_memcpy(&bits, v, 8);  // a whole step's: one load (a variable length is a call)
+  } else {
+    for (int i = 0; i < n; ++i) bits |= static_cast<long long>(v[i]) << (16 * i);
+  }
+  return bits;
+}
+
+inline __m256 pair(const uint16_t* v, const uint16_t* w, int n) {
+  return _mm256_cvtph_ps(_mm_set_epi64x(four_halves(w, n), four_halves(v, n)));
 }
 
 // Lane (j, b) = v[j * ldg + group of block b] for the pair's columns (0 past K).
@@ -87,15 +97,10 @@ inline __m256 per_lane(const S* v, int64_t ldg, int64_t k, int64_t K, int64_t gs
   const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;  // gs is 32, 64 or 128: shifts, not divisions
   const int64_t g0 = k >> sh, gpc = 128 >> sh, left = (K - k + gs - 1) >> sh;
   const int n = int(left < gpc ? left : gpc);
-  __m128 c0 = quad(v + g0, n), c1 = quad(v + ldg + g0, n);
-  if (gs == 64) {  // block b's group: b / 2
-    c0 = _mm_permute_ps(c0, _MM_SHUFFLE(1, 1, 0, 0));
-    c1 = _mm_permute_ps(c1, _MM_SHUFFLE(1, 1, 0, 0));
-  } else if (gs == 128) {
-    c0 = _mm_permute_ps(c0, 0);
-    c1 = _mm_permute_ps(c1, 0);
-  }
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(c0), c1, 1);
+  const __m256 c = pair(v + g0, v + ldg + g0, n);
+  if (gs == 64) return _mm256_permute_ps(c, _MM_SHUFFLE(1, 1, 0, 0));  // block b's group: b / 2
+  if (gs == 128) return _mm256_permute_ps(c, 0);
+  return c;
 }
 
 inline __m256i bcast16(const int8_t* p) {
