@@ -122,19 +122,22 @@ def test_a_target_with_float16_scales_streams_them_and_keeps_its_bits(
     wide = _target(tiny_models, tmp_path, bits, symmetric, True, monkeypatch)
     half = _target(tiny_models, tmp_path, bits, symmetric, False, monkeypatch)
     assert wide.quantized and half.quantized
+    # copies only where the int8 form reads them (AVX2's 8-bit products take float x)
+    copied = backend.q8_form_runs(bits)
+    read = mx.float16 if copied else mx.float32
     blocks = half.model.model.layers
     for block, other in zip(blocks, wide.model.model.layers):
         streamed = block.streamed()
-        assert [a.dtype for a in streamed[1::3]] == [mx.float16] * 4  # scales
-        assert [a.dtype for a in streamed[2::3]] == [mx.float16] * 4  # biases
+        assert [a.dtype for a in streamed[1::3]] == [read] * 4  # scales
+        assert [a.dtype for a in streamed[2::3]] == [read] * 4  # biases
         assert all(a.dtype == mx.float32 for a in other.streamed()[1::3])
-        assert sum(a.dtype == mx.float16 for a in block._fused.native_args) == 8  # read there
+        assert sum(a.dtype == mx.float16 for a in block._fused.native_args) == 8 * copied
         assert block.self_attn.q_proj.scales.dtype == mx.float32  # the modules keep float32
         assert block.mlp.down_proj.biases.dtype == mx.float32
     head = _head(half)
-    assert halves(head) is not None and halves(_head(wide)) is None
+    assert (halves(head) is not None) == copied and halves(_head(wide)) is None
     copies = sum(a.nbytes for b in blocks for a in b.streamed() if a.dtype == mx.float16)
-    copies += sum(a.nbytes for a in halves(head))
+    copies += sum(a.nbytes for a in halves(head) or ())
     assert doctor.streamed_bytes(wide) - doctor.streamed_bytes(half) == copies  # read halved
     calls = []
     real = mod.quantized_small_matmul
@@ -142,14 +145,14 @@ def test_a_target_with_float16_scales_streams_them_and_keeps_its_bits(
                         lambda x, w, s, *a: calls.append(s.dtype) or real(x, w, s, *a))
     h = mx.ones((1, head.weight.shape[1] * 32 // bits))
     np.testing.assert_array_equal(np.array(linear(head, h)), np.array(linear(_head(wide), h)))
-    assert calls == [mx.float16, mx.float32]  # the LM head read float16 copies
+    assert calls == [read, mx.float32]  # the LM head read float16 copies
     backend.set_q8_activations(q8)
     try:
         want = _logits(wide)
         for a, b in zip(_logits(half), want):
             np.testing.assert_array_equal(a, b)
         pack_blocks(blocks, chunk_bytes=1, min_bytes=0)  # moved: float16 there, float32 here
-        assert [a.dtype for a in blocks[0].streamed()[1::3]] == [mx.float16] * 4
+        assert [a.dtype for a in blocks[0].streamed()[1::3]] == [read] * 4
         assert blocks[0].self_attn.o_proj.scales.dtype == mx.float32
         assert blocks[0]._fused.current(blocks[0])
         for a, b in zip(_logits(half), want):
@@ -186,3 +189,38 @@ def test_scales_that_are_not_float16_numbers_stay_float32(tiny_models, tmp_path)
         assert block._fused.halves == {}
         assert all(a.dtype == mx.float32 for a in block.streamed()[1::3])
     assert halves(_head(target)) is None
+
+
+def test_no_copies_where_the_int8_form_does_not_read_them(tiny_models, tmp_path, monkeypatch):
+    """Float activations (``EDGESPEC_Q8_ACTIVATIONS=0``) widen float16 values on every call,
+    so a target loaded then keeps float32 ones only."""
+    backend.set_q8_activations(False)
+    try:
+        target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"),
+                             dtype="auto")
+        assert target.quantized
+        for block in target.model.model.layers:
+            assert block._fused.halves == {}
+            assert all(a.dtype == mx.float32 for a in block.streamed()[1::3])
+        assert halves(_head(target)) is None
+    finally:
+        backend.set_q8_activations(None)
+
+
+def test_avx2_copies_only_where_its_int8_form_runs(mod, tiny_models, tmp_path):  # noqa: F811
+    """AVX2's int8 form takes 4-bit weights only (its 8-bit products run float x): a 4-bit
+    target gets copies there, an 8-bit one keeps float32."""
+    if "avx2" not in mod.supported_isas().split(","):
+        pytest.skip("no AVX2 here")
+    before = mod.isa()
+    try:
+        assert mod.set_isa("avx2")
+        for bits, copied in ((4, True), (8, False)):
+            target = load_target(_quantized_copy(tiny_models.path(layers=2),
+                                                 tmp_path / f"q{bits}", bits), dtype="auto")
+            assert backend.q8_form_runs(bits) == copied
+            for block in target.model.model.layers:
+                assert (block._fused.halves != {}) == copied
+            assert (halves(_head(target)) is not None) == copied
+    finally:
+        mod.set_isa(before)

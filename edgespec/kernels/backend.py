@@ -108,8 +108,13 @@ def use_q8_activations(bits: int) -> bool:
     for (the default), 4- or 8-bit weights (8 bits with the VNNI form only), inside a forward whose
     rows are bit-independent (``q8_scope``), and the native module has an int8 form for this
     CPU (AVX-512 VNNI or AVX2; else the float kernel runs)."""
-    if bits not in (4, 8) or not _q8_rows_exact.get() or not q8_activations_requested() \
-            or not native_enabled():
+    return _q8_rows_exact.get() and q8_form_runs(bits)
+
+
+def q8_form_runs(bits: int) -> bool:
+    """``use_q8_activations`` outside its scope: whether the int8 form runs for ``bits``-bit
+    weights in a forward whose rows are bit-independent."""
+    if bits not in (4, 8) or not q8_activations_requested() or not native_enabled():
         return False
     mod = native.load()
     if not getattr(mod, "has_q8_activations", lambda: False)():

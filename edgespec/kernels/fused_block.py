@@ -27,7 +27,7 @@ from ..cache import KVCache
 from .activations import silu
 from .attention import attend, prepare
 from . import native
-from .backend import SMALL_M_MAX, choice_key, on_cpu
+from .backend import SMALL_M_MAX, choice_key, on_cpu, q8_form_runs
 from .matmul import small_matmul
 from . import qmatmul
 from .qmatmul import quantized_small_matmul, symmetric_biases
@@ -130,9 +130,12 @@ class FusedBlock:
                         "wo": joined_weights([a.o_proj], quantized),
                         "wgu": joined_weights(gu, quantized),
                         "wd": joined_weights([m.down_proj], quantized)}
+            # float16 copies where the int8 form reads them (the float forms would widen
+            # them on every call)
             native = quantized and a.q_norm is None and native_takes(quant) and on_cpu()
-            halves = {n: (t[0], *h) for n, t in streamed.items()
-                      if native and (h := qmatmul.half_scales(*t[1:])) is not None}
+            halves = {n: (t[0], *h) for (n, t), q in zip(streamed.items(), quant or ())
+                      if native and q8_form_runs(q[1])
+                      and (h := qmatmul.half_scales(*t[1:])) is not None}
         else:
             streamed, halves = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,

@@ -21,7 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import native, qmatmul
-from .backend import KernelError, on_cpu, use_quantized_small_matmul, use_small_matmul
+from .backend import (KernelError, on_cpu, q8_form_runs, use_quantized_small_matmul,
+                      use_small_matmul)
 from .qmatmul import quantized_small_matmul, symmetric_biases
 
 
@@ -71,9 +72,10 @@ def _symmetric(module: nn.Module, scales: mx.array, biases: mx.array | None) -> 
 def halves(module: nn.Module) -> tuple | None:
     """``qmatmul.half_scales`` of a bias-free affine quantized module's scales and biases,
     which ``linear`` hands the native kernel: made once for these arrays (as ``_symmetric``),
-    on the CPU only (the native kernel's); None where there are none."""
+    on the CPU where the int8 form reads them (the float forms would widen them on every
+    call); None where there are none."""
     scales, biases = module["scales"], module.get("biases")
-    if biases is None or not on_cpu():
+    if biases is None or not on_cpu() or not q8_form_runs(module.bits):
         return None
     seen = module.__dict__.get("_edgespec_halves")
     if seen is None or seen[0] is not scales or seen[1] is not biases:
