@@ -40,8 +40,11 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
-from .kernels.backend import metal_summary, native_summary
+from .kernels import native
+from .kernels.backend import metal_summary, native_summary, q8_form_runs
+from .kernels.fused_block import STREAMED
 from .kernels.matmul import halves
+from .kernels.qmatmul import symmetric_biases
 from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
@@ -113,31 +116,47 @@ def decode_and_bandwidth(engine, rounds: int = _DECODE_ROUNDS) -> tuple[list[flo
 
 def streamed_bytes(target) -> int:
     """Bytes of the weights one decoding step reads: all but an untied embedding table, of
-    a mixture of experts' stacked experts the share one token's router picks (k of E), and
-    float32 scales and biases the native products read as float16 copies at half their bytes
-    (``_halved_bytes``)."""
+    a mixture of experts' stacked experts the share one token's router picks (k of E), less
+    what the native products do not read (``_unread_bytes``)."""
     untied = not target.model.args.tie_word_embeddings
     shares = expert_shares(target.model)
     return round(sum(v.nbytes * (_expert_share(k, shares) or 1.0)
                      for k, v in tree_flatten(target.model.parameters())
-                     if not (untied and k.startswith("model.embed_tokens.")))) - _halved_bytes(
+                     if not (untied and k.startswith("model.embed_tokens.")))) - _unread_bytes(
                          target)
 
 
-def _halved_bytes(target) -> int:
-    """The bytes a step does not read of the float32 scales and biases whose float16 copies
-    the native products read instead (``qmatmul.half_scales``: the fused blocks' ``halves``
-    and the LM head's): as many as the copies hold."""
+def _unread_bytes(target) -> int:
+    """The bytes of the parameters a step does not read: of the float32 scales and biases
+    whose float16 copies the native products read instead (``qmatmul.half_scales``: the fused
+    blocks' ``halves`` and the LM head's), as many as the copies hold; and a symmetric
+    format's biases (GGUF's Q8_0) where the AVX-512 VNNI int8 form makes them from the scales,
+    what it would have read of them."""
     model = target.model
     inner = getattr(model, "model", None)
-    saved = sum(a.nbytes for block in getattr(inner, "layers", ())
-                if getattr(block, "_fused", None) is not None
-                for _, scales, biases in block._fused.halves.values() for a in (scales, biases))
+    mod = native.load()
+    vnni = mod is not None and mod.q8_vnni()
+    unread = 0
+    for block in getattr(inner, "layers", ()):
+        fused = getattr(block, "_fused", None)
+        if fused is None:
+            continue
+        unread += sum(a.nbytes for _, scales, biases in fused.halves.values()
+                      for a in (scales, biases))
+        if fused.native_args is not None and vnni:
+            for (_, bits, symmetric), name in zip(fused.native_shape[-1], STREAMED):
+                if symmetric and q8_form_runs(bits):
+                    unread += fused.halves.get(name, fused.w[name])[2].nbytes
     head = (getattr(inner, "embed_tokens", None) if model.args.tie_word_embeddings
             else getattr(model, "lm_head", None))
     if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
-        saved += sum(a.nbytes for a in halves(head) or ())
-    return saved
+        made = halves(head)
+        unread += sum(a.nbytes for a in made or ())
+        biases = head.get("biases")
+        if (vnni and biases is not None and q8_form_runs(head.bits)
+                and symmetric_biases(head["scales"], biases, head.bits)):
+            unread += (made[1] if made else biases).nbytes
+    return unread
 
 
 def _expert_share(key: str, shares: dict[str, float]) -> float | None:

@@ -35,7 +35,7 @@ from .tree_mask import TreeMask
 from .rope_norm import inverse_frequencies, qkv_rope, rms_norm, rope
 
 _PACKED = ("weight", "scales", "biases")  # a quantized layer's arrays, in the kernel's order
-_STREAMED = ("wqkv", "wo", "wgu", "wd")  # a block's projections, in the order a forward reads them
+STREAMED = ("wqkv", "wo", "wgu", "wd")  # a block's projections, in the order a forward reads them
 
 
 # Forwards over at most this many tokens (decode steps, draft trees) run compiled; longer ones
@@ -96,12 +96,12 @@ class FusedBlock:
 
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
                                 *(weights.get(n, none) for n in ("bqkv", "bgu", "bd")),
-                                *(a for n in _STREAMED for a in flat(n))]
+                                *(a for n in STREAMED for a in flat(n))]
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
                                  r.mscale, r.scale, block.input_layernorm.eps, a.scale,
                                  [[*q, int(symmetric_biases(*weights[n][1:], q[1]))]
-                                  for q, n in zip(quant, _STREAMED)] if quant is not None else [])
+                                  for q, n in zip(quant, STREAMED)] if quant is not None else [])
         if r.freqs is not None:
             self.pre_args.append(r.freqs)
         self.post_args = arrays(("wo", "n2", "wgu", "wd", "bgu", "bd"))
@@ -173,7 +173,7 @@ class FusedBlock:
         """The weights a native forward streams, in the order it reads them (a quantized
         weight as its packed weight, scales and biases: float16 ones where ``halves`` has
         them)."""
-        return [a for n in _STREAMED
+        return [a for n in STREAMED
                 for a in (self.halves.get(n, self.w[n]) if isinstance(self.w[n], tuple)
                           else (self.w[n],))]
 
@@ -292,9 +292,9 @@ def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj,
     take float32 copies of them); o_proj and down_proj, which are not joined with others, take
     theirs as their own weights."""
     k = len(names)
-    assert len(placed) == k * len(_STREAMED), (len(placed), k)
+    assert len(placed) == k * len(STREAMED), (len(placed), k)
     streamed = {n: tuple(placed[i * k : i * k + k]) if quantized else placed[i]
-                for i, n in enumerate(_STREAMED)}
+                for i, n in enumerate(STREAMED)}
     halves = {n: t for n, t in streamed.items() if quantized and t[1].dtype == mx.float16}
     for n, (packed, scales, biases) in halves.items():
         streamed[n] = (packed, scales.astype(mx.float32), biases.astype(mx.float32))
