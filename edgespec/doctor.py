@@ -43,8 +43,7 @@ from . import BLAS, __version__
 from .kernels import native
 from .kernels.backend import metal_summary, native_summary, q8_form_runs
 from .kernels.fused_block import STREAMED
-from .kernels.matmul import halves
-from .kernels.qmatmul import symmetric_biases
+from .kernels.matmul import halves, symmetric
 from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
@@ -133,29 +132,25 @@ def _unread_bytes(target) -> int:
     format's biases (GGUF's Q8_0) where the AVX-512 VNNI int8 form makes them from the scales,
     what it would have read of them."""
     model = target.model
-    inner = getattr(model, "model", None)
     mod = native.load()
     vnni = mod is not None and mod.q8_vnni()
     unread = 0
-    for block in getattr(inner, "layers", ()):
+    for block in model.model.layers:
         fused = getattr(block, "_fused", None)
         if fused is None:
             continue
         unread += sum(a.nbytes for _, scales, biases in fused.halves.values()
                       for a in (scales, biases))
         if fused.native_args is not None and vnni:
-            for (_, bits, symmetric), name in zip(fused.native_shape[-1], STREAMED):
-                if symmetric and q8_form_runs(bits):
-                    unread += fused.halves.get(name, fused.w[name])[2].nbytes
-    head = (getattr(inner, "embed_tokens", None) if model.args.tie_word_embeddings
-            else getattr(model, "lm_head", None))
+            for (_, bits, sym), name in zip(fused.native_shape[-1], STREAMED):
+                if sym and q8_form_runs(bits):
+                    unread += fused.read(name)[2].nbytes
+    head = model.output_head()
     if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
         made = halves(head)
         unread += sum(a.nbytes for a in made or ())
-        biases = head.get("biases")
-        if (vnni and biases is not None and q8_form_runs(head.bits)
-                and symmetric_biases(head["scales"], biases, head.bits)):
-            unread += (made[1] if made else biases).nbytes
+        if vnni and q8_form_runs(head.bits) and symmetric(head):
+            unread += (made[1] if made else head["biases"]).nbytes
     return unread
 
 

@@ -39,21 +39,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1, 2, 4, 8, 16)
 
 
-def head(target):
-    model = target.model
-    return model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
-
-
 def targets(model: str) -> dict:
     with mock.patch.object(qmatmul, "half_scales", lambda s, b: None):
         wide = load(model, dtype="auto", progress=False)
-        halves(head(wide))  # made (as none) here, whatever Decoder.fuse did
+        halves(wide.model.output_head())  # made (as none) here, whatever Decoder.fuse did
     return {"float32": wide, "float16": load(model, dtype="auto", progress=False)}
 
 
 def streamed_mb(target) -> float:
     """The MB of weights a one-token forward reads: the blocks' and the LM head's."""
-    h = head(target)
+    h = target.model.output_head()
     read = [h["weight"], *(halves(h) or (h["scales"], h.get("biases")))]
     return (sum(a.nbytes for b in target.model.model.layers for a in b.streamed())
             + sum(a.nbytes for a in read if a is not None)) / 1e6

@@ -69,8 +69,7 @@ def product(x, w, quant):
 
 def head_variants(target) -> dict:
     """The LM head as loaded, and its weights as float32 / 8-bit / 4-bit (groups of 32)."""
-    m = target.model
-    head = m.model.embed_tokens if target.args.tie_word_embeddings else m.lm_head
+    head = target.model.output_head()
     if "scales" in head:
         gs, bits = head.group_size, head.bits
         w = mx.dequantize(head.weight, head.scales, head.biases, group_size=gs, bits=bits)

@@ -37,6 +37,7 @@ def test_the_kernels_read_float16_scales_to_the_same_bits(mod, bits, group_size)
     K, N = 3 * 128 + group_size, 4 * 5 + 3
     wq = mx.array(rng.integers(0, 2**32, (N, K * bits // 32), dtype=np.uint32))
     scales = _float16_numbers(rng, (N, K // group_size), 0.01)
+    scales[0, 0] = 2.0**-20  # a subnormal float16 number, widened exactly too
     before = mod.isa()
     try:
         for isa in mod.supported_isas().split(","):
@@ -104,13 +105,8 @@ def _target(tiny_models, tmp_path, bits, symmetric, wide: bool, monkeypatch):
         if wide:
             m.setattr(qmatmul, "half_scales", lambda s, b: None)
         target = load_target(path, dtype="auto")
-        halves(_head(target))  # made inside the patch, whatever fuse did
+        halves(target.model.output_head())  # made inside the patch, whatever fuse did
     return target
-
-
-def _head(target):
-    model = target.model
-    return model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
 
 
 @pytest.mark.parametrize("bits,symmetric", [(4, False), (8, True)])
@@ -134,8 +130,8 @@ def test_a_target_with_float16_scales_streams_them_and_keeps_its_bits(
         assert sum(a.dtype == mx.float16 for a in block._fused.native_args) == 8 * copied
         assert block.self_attn.q_proj.scales.dtype == mx.float32  # the modules keep float32
         assert block.mlp.down_proj.biases.dtype == mx.float32
-    head = _head(half)
-    assert (halves(head) is not None) == copied and halves(_head(wide)) is None
+    head = half.model.output_head()
+    assert (halves(head) is not None) == copied and halves(wide.model.output_head()) is None
     copies = sum(a.nbytes for b in blocks for a in b.streamed() if a.dtype == mx.float16)
     copies += sum(a.nbytes for a in halves(head) or ())
     if not (symmetric and mod.q8_vnni()):  # there the biases go unread (the test below)
@@ -145,7 +141,8 @@ def test_a_target_with_float16_scales_streams_them_and_keeps_its_bits(
     monkeypatch.setattr(mod, "quantized_small_matmul",
                         lambda x, w, s, *a: calls.append(s.dtype) or real(x, w, s, *a))
     h = mx.ones((1, head.weight.shape[1] * 32 // bits))
-    np.testing.assert_array_equal(np.array(linear(head, h)), np.array(linear(_head(wide), h)))
+    np.testing.assert_array_equal(np.array(linear(head, h)),
+                                  np.array(linear(wide.model.output_head(), h)))
     assert calls == [read, mx.float32]  # the LM head read float16 copies
     backend.set_q8_activations(q8)
     try:
@@ -189,7 +186,7 @@ def test_scales_that_are_not_float16_numbers_stay_float32(tiny_models, tmp_path)
     for block in target.model.model.layers:
         assert block._fused.halves == {}
         assert all(a.dtype == mx.float32 for a in block.streamed()[1::3])
-    assert halves(_head(target)) is None
+    assert halves(target.model.output_head()) is None
 
 
 def test_no_copies_where_the_int8_form_does_not_read_them(tiny_models, tmp_path, monkeypatch):
@@ -203,7 +200,7 @@ def test_no_copies_where_the_int8_form_does_not_read_them(tiny_models, tmp_path,
         for block in target.model.model.layers:
             assert block._fused.halves == {}
             assert all(a.dtype == mx.float32 for a in block.streamed()[1::3])
-        assert halves(_head(target)) is None
+        assert halves(target.model.output_head()) is None
     finally:
         backend.set_q8_activations(None)
 
@@ -222,7 +219,7 @@ def test_avx2_copies_only_where_its_int8_form_runs(mod, tiny_models, tmp_path): 
             assert backend.q8_form_runs(bits) == copied
             for block in target.model.model.layers:
                 assert (block._fused.halves != {}) == copied
-            assert (halves(_head(target)) is not None) == copied
+            assert (halves(target.model.output_head()) is not None) == copied
     finally:
         mod.set_isa(before)
 
@@ -237,7 +234,7 @@ def test_doctor_leaves_out_the_biases_the_vnni_form_makes(mod, tiny_models, tmp_
     target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q", 8, True),
                          dtype="auto")
     params = sum(v.nbytes for _, v in tree_flatten(target.model.parameters()))
-    head = _head(target)
+    head = target.model.output_head()
     copies = [a for b in target.model.model.layers for a in b.streamed()[1::3]]  # scales
     copies += [a for b in target.model.model.layers for a in b.streamed()[2::3]]  # biases
     assert all(a.dtype == mx.float16 for a in copies)

@@ -101,9 +101,8 @@ class MedusaDrafter(Drafter):
         self.shape = tuple(shape or _recipe_shape(recipe_dir, curve, k) or DEFAULT_SHAPE)[:k]
         self.parents, self.depth, self.rank = product_tree(self.shape)
         self.nodes, self.max_nodes = nodes, min(max_nodes, 63)
-        m = target.model  # the shared LM head: the tied embedding or the target's lm_head
-        self.lm_head = None if heads.config.own_lm_head else (
-            m.model.embed_tokens if m.args.tie_word_embeddings else m.lm_head)
+        # the shared LM head: the tied embedding or the target's lm_head
+        self.lm_head = None if heads.config.own_lm_head else target.model.output_head()
         # with a draft vocabulary: one float copy of those rows of the shared head
         self.ids = heads.draft_ids
         self.rows = None if self.ids is None else target_lm_head_rows(target, self.ids)

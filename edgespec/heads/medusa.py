@@ -100,8 +100,7 @@ class MedusaHeads(nn.Module):
 
 def target_lm_head_weight(target) -> mx.array:
     """The target's LM head as a (V, H) float matrix (the tied embedding when it has none)."""
-    m = target.model
-    layer = m.model.embed_tokens if m.args.tie_word_embeddings else m.lm_head
+    layer = target.model.output_head()
     if hasattr(layer, "scales"):  # quantized: one dequantized copy
         return mx.dequantize(layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
     return layer.weight

@@ -63,6 +63,8 @@ class FusedBlock:
 
     def __init__(self, block, weights: dict[str, mx.array], views: list[mx.array],
                  quant: tuple | None, halves: dict[str, tuple] | None = None):
+        """``halves``: the float16 copies moved with the streamed weights (``build``'s
+        ``placed``); None: made here where the native form takes them (``_half_copies``)."""
         a, r = block.self_attn, block.self_attn.rope
         self.w = weights
         # the native forward's (packed, scales, biases) of a product whose float32 scales and
@@ -90,8 +92,11 @@ class FusedBlock:
         # per-head q/k norms.
         self.native_args = None
         if "nq" not in weights and native_takes(quant):
+            if halves is None and quant is not None and on_cpu():
+                self.halves = _half_copies(weights, quant)
+
             def flat(name):
-                w = self.halves.get(name, weights[name])
+                w = self.read(name)
                 return list(w) if isinstance(w, tuple) else [w]
 
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
@@ -130,12 +135,7 @@ class FusedBlock:
                         "wo": joined_weights([a.o_proj], quantized),
                         "wgu": joined_weights(gu, quantized),
                         "wd": joined_weights([m.down_proj], quantized)}
-            # float16 copies where the int8 form reads them (the float forms would widen
-            # them on every call)
-            native = quantized and a.q_norm is None and native_takes(quant) and on_cpu()
-            halves = {n: (t[0], *h) for (n, t), q in zip(streamed.items(), quant or ())
-                      if native and q8_form_runs(q[1])
-                      and (h := qmatmul.half_scales(*t[1:])) is not None}
+            halves = None
         else:
             streamed, halves = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
         w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
@@ -148,7 +148,7 @@ class FusedBlock:
             w["bd"] = m.down_proj.bias
         if a.q_norm is not None:
             w["nq"], w["nk"] = a.q_norm.weight, a.k_norm.weight
-        mx.eval(w, halves)
+        mx.eval(w)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
             fused = fused if quantized else (fused,)
@@ -169,13 +169,15 @@ class FusedBlock:
         floats = w[1] if isinstance(w, tuple) else w  # the scales of a quantized weight
         return self.native_args is not None and floats.dtype == mx.float32
 
+    def read(self, name: str):
+        """Product ``name``'s weights as the native forward reads them: its float array, or
+        its (packed, scales, biases), float16 ones where ``halves`` has them."""
+        return self.halves.get(name, self.w[name])
+
     def streamed(self) -> list[mx.array]:
-        """The weights a native forward streams, in the order it reads them (a quantized
-        weight as its packed weight, scales and biases: float16 ones where ``halves`` has
-        them)."""
+        """The weights a native forward streams, in the order it reads them (``read``)."""
         return [a for n in STREAMED
-                for a in (self.halves.get(n, self.w[n]) if isinstance(self.w[n], tuple)
-                          else (self.w[n],))]
+                for a in (self.read(n) if isinstance(self.w[n], tuple) else (self.w[n],))]
 
     def current(self, block) -> bool:
         # item lookups (an nn.Module is a dict of its children and arrays): this runs for every
@@ -283,6 +285,15 @@ def run_native_block(args: list, shape: tuple, x: mx.array, mask: TreeMask, cach
         dual=dual)
     cache.set_buffers(layer, keys, values)
     return out
+
+
+def _half_copies(weights: dict, quant: tuple) -> dict[str, tuple]:
+    """The products' (packed, float16 scales, float16 biases) (``qmatmul.half_scales``) where
+    the int8 form reads them (the float forms would widen them on every call), evaluated."""
+    made = {n: (weights[n][0], *h) for n, q in zip(STREAMED, quant)
+            if q8_form_runs(q[1]) and (h := qmatmul.half_scales(*weights[n][1:])) is not None}
+    mx.eval(made)
+    return made
 
 
 def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj,

@@ -57,34 +57,40 @@ def small_matmul(x: mx.array, w: mx.array) -> mx.array:
     return small_matmul_mlx(x, w)
 
 
-def _symmetric(module: nn.Module, scales: mx.array, biases: mx.array | None) -> bool:
-    """``qmatmul.symmetric_biases`` of a quantized module's arrays, checked once for these
-    arrays (MLX arrays never change in place: new weights are new arrays, checked again)."""
-    if biases is None:
-        return False
-    seen = module.__dict__.get("_edgespec_symmetric")
+def _once(module: nn.Module, key: str, make):
+    """``make(scales, biases)`` of a quantized module's arrays, made once for these arrays
+    (MLX arrays never change in place: new weights are new arrays, made again) and kept in
+    the module's ``__dict__`` under ``key``."""
+    scales, biases = module["scales"], module.get("biases")
+    seen = module.__dict__.get(key)
     if seen is None or seen[0] is not scales or seen[1] is not biases:
-        seen = (scales, biases, symmetric_biases(scales, biases, module.bits))
-        module.__dict__["_edgespec_symmetric"] = seen
+        seen = (scales, biases, make(scales, biases))
+        module.__dict__[key] = seen
     return seen[2]
+
+
+def symmetric(module: nn.Module) -> bool:
+    """``qmatmul.symmetric_biases`` of a quantized module's scales and biases (False without
+    biases), checked once for these arrays."""
+    return _once(module, "_edgespec_symmetric", lambda s, b: b is not None
+                 and symmetric_biases(s, b, module.bits))
 
 
 def halves(module: nn.Module) -> tuple | None:
     """``qmatmul.half_scales`` of a bias-free affine quantized module's scales and biases,
-    which ``linear`` hands the native kernel: made once for these arrays (as ``_symmetric``),
-    on the CPU where the int8 form reads them (the float forms would widen them on every
-    call); None where there are none."""
-    scales, biases = module["scales"], module.get("biases")
-    if biases is None or not on_cpu() or not q8_form_runs(module.bits):
+    which ``linear`` hands the native kernel: made once for these arrays, on the CPU where
+    the int8 form reads them (the float forms would widen them on every call); None where
+    there are none."""
+    if module.get("biases") is None or not on_cpu() or not q8_form_runs(module.bits):
         return None
-    seen = module.__dict__.get("_edgespec_halves")
-    if seen is None or seen[0] is not scales or seen[1] is not biases:
-        made = qmatmul.half_scales(scales, biases)
-        if made is not None:
-            mx.eval(made)
-        seen = (scales, biases, made)
-        module.__dict__["_edgespec_halves"] = seen
-    return seen[2]
+    return _once(module, "_edgespec_halves", _evaluated_halves)
+
+
+def _evaluated_halves(scales: mx.array, biases: mx.array) -> tuple | None:
+    made = qmatmul.half_scales(scales, biases)
+    if made is not None:
+        mx.eval(made)
+    return made
 
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
@@ -94,10 +100,9 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
     called as it is (an embedding through its ``as_linear``)."""
     if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
             and module.mode == "affine":
-        scales, biases = module["scales"], module.get("biases")
-        return quantized_small_matmul(x, module["weight"], scales, biases, module.group_size,
-                                      module.bits, _symmetric(module, scales, biases),
-                                      halves(module))
+        return quantized_small_matmul(x, module["weight"], module["scales"],
+                                      module.get("biases"), module.group_size, module.bits,
+                                      symmetric(module), halves(module))
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)

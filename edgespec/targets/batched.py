@@ -84,6 +84,5 @@ def _head_rows_exact(target: Target, rows: list[int]) -> bool:
     """Whether the LM head over all rows gives each sequence's rows the bits of its own call:
     a native kernel (row by row) runs for every part's row count and for the total. Where the
     backend picks MLX's product for some count (small heads), each part takes its own."""
-    model = target.model
-    head = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
+    head = target.model.output_head()
     return all(linear_rows_exact(head, m) for m in [*rows, sum(rows)])

@@ -264,7 +264,7 @@ class Decoder(nn.Module):
         fused = sum(block.fuse() for block in self.model.layers)
         self.huge_page_bytes = 0
         if huge_pages_wanted():
-            head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+            head = self.output_head()
             head_arrays = [a for _, a in tree_flatten(head.parameters())]
             if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
                 head_arrays += halves(head) or ()  # what the native kernel reads instead
@@ -276,8 +276,11 @@ class Decoder(nn.Module):
         """Whether every block runs small forwards as one native operation."""
         return all(getattr(b, "native_ready", lambda: False)() for b in self.model.layers)
 
+    def output_head(self) -> nn.Module:
+        """The module the LM head applies: the tied embedding, or ``lm_head``."""
+        return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)
-        head = self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
         with q8_scope(self.native_blocks()):
-            return linear(head, h)
+            return linear(self.output_head(), h)

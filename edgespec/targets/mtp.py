@@ -90,8 +90,7 @@ class MtpModel(Decoder):
         self.huge_page_bytes = 0
         # the target's embedding and head, held as functions (not child modules: not loaded here)
         self._embed = shared.embed
-        head = shared.model.embed_tokens if shared.args.tie_word_embeddings else shared.lm_head
-        self._head = partial(linear, head)
+        self._head = partial(linear, shared.output_head())
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self._embed(tokens)

@@ -115,23 +115,6 @@ struct QJob {
   bool symmetric = false;  // every bias is -2^(bits - 1) times its scale (quantized_matmul.h)
 };
 
-// A float16 value (its bits) as float32: exact, subnormals, infinities and NaNs included.
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1fu) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (man << 13);
-  } else {
-    const float f = std::ldexp(static_cast<float>(man), -24);  // 0 or a subnormal half
-    return sign ? -f : f;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 void run_qrows(const QJob& j, int64_t n0, int64_t n1);
 
 void run_qchunk(void* ctx, int64_t chunk) {
@@ -149,11 +132,11 @@ void run_qchunk(void* ctx, int64_t chunk) {
   thread_local std::vector<float> widened;
   const int64_t n = (n1 - n0) * j.ldg;
   if (static_cast<int64_t>(widened.size()) < 2 * n) widened.resize(2 * n);
-  const uint16_t *s = static_cast<const uint16_t*>(j.s) + n0 * j.ldg,
-                 *b = static_cast<const uint16_t*>(j.b) + n0 * j.ldg;
+  const mx::float16_t *s = static_cast<const mx::float16_t*>(j.s) + n0 * j.ldg,
+                      *b = static_cast<const mx::float16_t*>(j.b) + n0 * j.ldg;
   for (int64_t i = 0; i < n; ++i) {
-    widened[i] = half_to_float(s[i]);
-    widened[n + i] = half_to_float(b[i]);
+    widened[i] = static_cast<float>(s[i]);
+    widened[n + i] = static_cast<float>(b[i]);
   }
   QJob c = j;
   c.s = widened.data();
