@@ -7,6 +7,7 @@
 
 #include "block.h"
 #include "dispatch.h"
+#include "expf_libm.h"
 #include "quantized_matmul.h"
 #include "rope_norm.h"
 #include "small_matmul.h"
@@ -164,5 +165,26 @@ NB_MODULE(_edgespec_native, m) {
   m.def("q8_peak", &edgespec_native::q8_peak, "rounds"_a = 5, "all_threads"_a = true,
         "Int8 multiply-adds per second the kernels' threads sustain in a vpdpbusd loop (best of "
         "rounds): the int8 form's compute ceiling; 0 where the AVX-512 VNNI form does not run.");
+  m.def(
+      "exp_neg_libm",
+      [](const std::vector<float>& x) {
+        std::vector<float> y(x.size());
+        edgespec_native::exp_neg_libm(x.data(), y.data(), static_cast<int64_t>(x.size()));
+        return y;
+      },
+      "x"_a, "e^-x for each value as the int8 forward's SiLU takes it: libm's bits (for tests).");
+  m.def(
+      "silu_libm",
+      [](const std::vector<float>& gate, const std::vector<float>& up) {
+        if (gate.size() != up.size()) throw std::invalid_argument("silu_libm: gate and up differ in length");
+        std::vector<float> act(gate.size());
+        edgespec_native::silu_libm(gate.data(), up.data(), act.data(),
+                                   static_cast<int64_t>(gate.size()));
+        return act;
+      },
+      "gate"_a, "up"_a, "gate / (1 + e^-gate) * up as the int8 forward's SiLU computes it (for tests).");
+  m.def("expf_vector_active", &edgespec_native::expf_vector_active,
+        "Whether that SiLU's exp runs 4 lanes at a time here (AVX2 and FMA, and a check against "
+        "libm's exp passed).");
   m.attr("built_for_mlx") = EDGESPEC_MLX_VERSION;
 }

@@ -11,6 +11,7 @@
 #include "attention_core.h"
 #include "dispatch.h"
 #include "exp_neg.h"
+#include "expf_libm.h"
 #include "pool.h"
 #include "quantized_matmul.h"
 #include "mlx/allocator.h"
@@ -86,24 +87,17 @@ void add_bias(float* y, const float* b, int64_t rows, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
 }
 
-// act[c] = SiLU(gu[c]) * gu[I + c] for c < n (gate | up side by side, I apart). The sigmoid takes
-// e = e^-|gate| <= 1 (exp_neg.h; no overflow): 1 / (1 + e) for gate >= 0, e / (1 + e) below,
-// with e exactly 0 below -87.3, where exp_neg stops at 2^-126 (which a huge negative gate would
-// turn into -1.18 up). On x86-64 Linux it is compiled once per ISA (function multiversioning
-// picks the widest the CPU has at load time; elsewhere it is compiled once, for the build's
-// target). Each element's result depends on that element alone, so a row's bits do not depend
-// on the rows beside it. With int8 activations (`libm`), std::exp instead: down_proj then
-// rounds every value to 8 bits, and the twin's exp is libm's, so an approximate one would flip
-// a few roundings.
+// act[c] = SiLU(gu[c]) * gu[I + c] for c < n (gate | up side by side, I apart), the float
+// forward's form. The sigmoid takes e = e^-|gate| <= 1 (exp_neg.h; no overflow): 1 / (1 + e)
+// for gate >= 0, e / (1 + e) below, with e exactly 0 below -87.3, where exp_neg stops at
+// 2^-126 (which a huge negative gate would turn into -1.18 up). On x86-64 Linux it is compiled
+// once per ISA (function multiversioning picks the widest the CPU has at load time; elsewhere
+// it is compiled once, for the build's target). Each element's result depends on that element
+// alone, so a row's bits do not depend on the rows beside it.
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)  // clones need ELF ifuncs
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-void silu_mul(const float* __restrict gu, int64_t I, int64_t n, float* __restrict act,
-              bool libm) {
-  if (libm) {
-    for (int64_t c = 0; c < n; ++c) act[c] = gu[c] / (1.0f + std::exp(-gu[c])) * gu[I + c];
-    return;
-  }
+void silu_mul(const float* __restrict gu, int64_t I, int64_t n, float* __restrict act) {
   for (int64_t c = 0; c < n; ++c) {
     const float gate = gu[c], up = gu[I + c];
     const float ng = gate < 0.0f ? gate : -gate;
@@ -113,9 +107,13 @@ void silu_mul(const float* __restrict gu, int64_t I, int64_t n, float* __restric
   }
 }
 
-// SiLU(gate) * up with libm's exp (int8 activations) for every row, in chunks of kSiluCols
-// columns on the pool's threads: libm's exp is scalar.
+// The int8-activation forward's SiLU, gate / (1 + e^-gate) * up with libm's exp (expf_libm.h's
+// silu_libm): down_proj then rounds every value to 8 bits, and the twin's exp is libm's, so an
+// approximate one would flip a few roundings. In chunks of kSiluCols columns of a row, on the
+// pool's threads when there are many.
 constexpr int64_t kSiluCols = 512;
+// Below this many values one thread does them all: the vector exp is cheaper than a pool job.
+constexpr int64_t kSiluInline = 8192;
 
 struct SiluJob {
   const float* gu;
@@ -127,7 +125,8 @@ void run_silu_chunk(void* ctx, int64_t chunk) {
   const SiluJob& j = *static_cast<const SiluJob*>(ctx);
   const int64_t row = chunk / j.per_row, c0 = chunk % j.per_row * kSiluCols;
   const int64_t n = j.I - c0 < kSiluCols ? j.I - c0 : kSiluCols;
-  silu_mul(j.gu + row * 2 * j.I + c0, j.I, n, j.act + row * j.I + c0, true);
+  const float* gu = j.gu + row * 2 * j.I + c0;
+  silu_libm(gu, gu + j.I, j.act + row * j.I + c0, n);
 }
 
 void run_block(const BlockJob& j) {
@@ -204,11 +203,15 @@ void run_block(const BlockJob& j) {
   rms_rows(hdn, H, j.n2, xn, H, N, H, s.eps);
   product(j.w[GU], j.q8, xn, N, H, g, 2 * I);
   add_bias(g, j.bgu, N, 2 * I);
-  if (j.q8) {  // libm's scalar exp: worth the pool's threads
+  if (j.q8) {
     SiluJob silu{g, act, I, (I + kSiluCols - 1) / kSiluCols};
-    Pool::get().run(run_silu_chunk, &silu, N * silu.per_row);
+    if (N * I <= kSiluInline) {
+      for (int64_t c = 0; c < N * silu.per_row; ++c) run_silu_chunk(&silu, c);
+    } else {
+      Pool::get().run(run_silu_chunk, &silu, N * silu.per_row);
+    }
   } else {  // the vectorized exp is cheaper than waking a helper
-    for (int64_t i = 0; i < N; ++i) silu_mul(g + i * 2 * I, I, I, act + i * I, false);
+    for (int64_t i = 0; i < N; ++i) silu_mul(g + i * 2 * I, I, I, act + i * I);
   }
   product(j.w[DOWN], j.q8, act, N, I, j.out, H);
   add_bias(j.out, j.bd, N, H);
@@ -236,6 +239,75 @@ mx::array row_contiguous_copy(const mx::array& in, mx::cpu::CommandEncoder& enco
 }
 
 }  // namespace
+
+namespace {
+
+// Whether expf_avx2 gives std::exp's bits on this machine: the CPU has AVX2 and FMA, and
+// every 65,537th float bit pattern below 88 in magnitude (about 32,000 values of every sign
+// and scale) comes out equal, checked once.
+bool check_vector_expf() {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+  std::vector<float> x, y;
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 65537) {
+    const uint32_t u = static_cast<uint32_t>(b);
+    if (((u >> 20) & 0x7ff) >= 0x42b) continue;  // |x| >= 88, NaN, infinity: std::exp's
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);
+  }
+  x.resize(x.size() - x.size() % 4);
+  y.resize(x.size());
+  expf_avx2(x.data(), y.data(), static_cast<int64_t>(x.size()), true);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(-x[i]);
+    if (std::memcmp(&y[i], &want, 4) != 0) return false;
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool expf_vector_active() {
+  static const bool active = check_vector_expf();
+  return active;
+}
+
+void exp_neg_libm(const float* x, float* y, int64_t n) {
+  int64_t done = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (expf_vector_active()) {
+    done = n - n % 4;
+    expf_avx2(x, y, done, true);
+    for (int64_t i = 0; i < done; ++i) {  // |x| >= 88, NaN, infinity: libm's own answer
+      uint32_t u;
+      std::memcpy(&u, x + i, 4);
+      if (((u >> 20) & 0x7ff) >= 0x42b) y[i] = std::exp(-x[i]);
+    }
+  }
+#endif
+  for (int64_t i = done; i < n; ++i) y[i] = std::exp(-x[i]);
+}
+
+void silu_libm(const float* gate, const float* up, float* act, int64_t n) {
+  const auto one = [&](int64_t i) { act[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i]; };
+  int64_t done = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (expf_vector_active()) {
+    done = n - n % 4;
+    if (silu_libm_avx2(gate, up, act, done))
+      for (int64_t i = 0; i < done; ++i) {  // |gate| >= 88, NaN, infinity: libm's own exp
+        uint32_t u;
+        std::memcpy(&u, gate + i, 4);
+        if (((u >> 20) & 0x7ff) >= 0x42b) one(i);
+      }
+  }
+#endif
+  for (int64_t i = done; i < n; ++i) one(i);
+}
 
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
                                         const std::vector<SegmentSpec>& segs) {
