@@ -8,6 +8,7 @@
 #include "block.h"
 #include "dispatch.h"
 #include "expf_libm.h"
+#include "pool.h"
 #include "quantized_matmul.h"
 #include "rope_norm.h"
 #include "small_matmul.h"
@@ -159,6 +160,17 @@ NB_MODULE(_edgespec_native, m) {
         "The fewest rows for which a quantized product dequantizes each thread's chunk of "
         "weights once and runs the float kernel on it.");
   m.def("threads", &edgespec_native::threads, "Threads the kernels split N over.");
+  m.def("pool_spin_us", &edgespec_native::Pool::spin_us,
+        "How long (us) the kernels' helper threads poll for the next job before they sleep.");
+  m.def(
+      "set_pool_spin_us",
+      [](int us) {
+        if (us < 0 || us > 100000)
+          throw std::invalid_argument("set_pool_spin_us: " + std::to_string(us) +
+                                      " us; allowed: 0 .. 100000");
+        edgespec_native::Pool::set_spin_us(us);
+      },
+      "us"_a, "Sets that (tests and A/B timings; the results are the same).");
   m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5, "all_threads"_a = true,
         "Float multiply-adds per second the kernels' threads sustain in an FMA loop (best of "
         "rounds): the compute ceiling; all_threads=False: the calling thread alone.");

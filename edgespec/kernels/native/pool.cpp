@@ -16,8 +16,11 @@
 namespace edgespec_native {
 namespace {
 
-// How long a helper keeps polling for the next job before it sleeps.
-constexpr auto kSpin = std::chrono::microseconds(100);
+// How long a helper keeps polling for the next job before it sleeps (Pool::set_spin_us). A
+// forward's jobs come within tens of microseconds of each other; longer polling only took a
+// core from the thread that builds and reads the next step (on 2 cores, 100 us decoded ~4%
+// slower than 40: docs/measurements.md, "The kernels' helpers poll for 40 us").
+std::atomic<int> poll_us{40};
 
 int configured_threads() {
   if (const char* env = std::getenv("EDGESPEC_KERNEL_THREADS")) {
@@ -36,6 +39,10 @@ inline uint64_t lane_word(uint32_t gen, int64_t next, int64_t end) {
 }
 
 }  // namespace
+
+int Pool::spin_us() { return poll_us.load(); }
+
+void Pool::set_spin_us(int us) { poll_us.store(us); }
 
 Pool& Pool::get() {
   // Never destroyed: joining threads from a static destructor at interpreter exit can hang,
@@ -115,7 +122,8 @@ void Pool::helper_loop(int lane) {
     int spins = 0;
     while (gen_of(published.load(std::memory_order_acquire)) == seen) {
       EDGESPEC_PAUSE();
-      if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+      if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - start >
+                                         std::chrono::microseconds(poll_us.load(std::memory_order_relaxed))) {
         // Sleep. The caller stores lane 0's word and then reads sleepers_ (both seq_cst),
         // this thread counts itself in sleepers_ and then reads the word: one of them sees
         // the other.

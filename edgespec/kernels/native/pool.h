@@ -9,8 +9,9 @@
 // order: the kernels' prefetch of the rows after a chunk reads the next chunk it will run
 // (claiming chunks from one shared word instead, the threads alternated, and every chunk began
 // on cold weights; docs/measurements.md, "the kernels' remaining slack"). Helpers poll
-// briefly after a job (the next product of a forward comes within microseconds), then sleep on
-// a condition variable, so an idle process costs no CPU.
+// for up to 40 us after a job (the next product of a forward comes within tens of
+// microseconds; set_spin_us), then sleep on a condition variable, so an idle process costs no
+// CPU.
 #pragma once
 
 #include <atomic>
@@ -36,6 +37,11 @@ class Pool {
   static Pool& get();
 
   int threads() const { return threads_; }
+
+  // How long (microseconds) a helper polls for the next job after one before it sleeps: 40 by
+  // default; 0 sleeps at once. Process-wide; for tests and A/B timings (the same results).
+  static int spin_us();
+  static void set_spin_us(int us);
 
   // Runs job(ctx, c) for every c in [0, chunks) and returns when all have finished. One
   // caller at a time uses the helpers (MLX runs a stream's tasks on one thread); a second
