@@ -68,6 +68,7 @@ from .prompt import Prompt, check_context, encode_prompt
 from .rule_tree import masked_q, shape, views
 from .rules import Rules
 from .targets.batched import Part
+from .targets.cost import memoized_curve
 from .targets.lower_layers import LowerLayers
 from .targets.target import Target, TargetOutput
 from .sampling import make_rng
@@ -309,6 +310,9 @@ class Engine:
             return d.alone() and drafter_plain()
 
         begin = (lambda: drafter.propose(0)) if drafter is not None else (lambda: None)
+        # the curve a drafter sizes its trees on learns what a verify costs here (a forward of
+        # this decoding alone, all layers: not batched, not a lower-layers split)
+        observed = memoized_curve(target) if drafter is not None and lower is None else None
         while True:
             t1 = time.perf_counter()
             drafted = propose(root, room())
@@ -326,6 +330,7 @@ class Engine:
             tree = shaped.tree if shaped else drafted
             t2 = time.perf_counter()
             held.asked = True  # until the forward's output arrives
+            alone = d.alone()
             out = yield score(tree, drafted)
             held.asked = False
             logits = ruled.apply(tree, out.logits) if ruled else out.logits
@@ -333,6 +338,8 @@ class Engine:
                 tree = masked_q(tree, logits)
             acc, _ = accept(tree, logits, cfg, rng, at=done if self.keyed_seeds else None)
             t3 = time.perf_counter()
+            if observed is not None and alone and d.alone() and tree.num_drafted:
+                observed.observe(len(tree.tokens), (t3 - t2) * 1e3)
             cache.commit(acc.path)
             if drafter is not None:
                 for seen in (views(shaped, acc, out) if shaped else [(acc, drafted, out)]):

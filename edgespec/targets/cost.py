@@ -26,6 +26,7 @@ import platform
 import statistics
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,7 +44,22 @@ from ..tree import DraftTree
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # nodes scored per measured forward
 CONTEXT = 128
 MAX_NODES = 64
+# The measured curve's weight, in observed verify forwards, in what the sizing reads (``table``).
+PRIOR_FORWARDS = 8
+
+
+def observing() -> bool:
+    """Whether the engine's verify times refine the sizing (``CostCurve.observe``): on unless
+    ``EDGESPEC_OBSERVED_COSTS=0`` (the tests, whose tree sizes must not depend on timings)."""
+    return os.environ.get("EDGESPEC_OBSERVED_COSTS", "1") != "0"
+
+
+def memoized_curve(target) -> CostCurve | None:
+    """The curve ``verify_cost_curve`` gave for ``target`` in this process, else None: never
+    measures, nor computes the key."""
+    return _by_target.get(target)
 _memo: dict[str, CostCurve] = {}
+_by_target: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its curve
 # where a measurement also reports its progress, as lines (besides its tqdm bar on stderr):
 # set by ``reporting`` around building a drafter, e.g. by the chat, whose screen hides stderr
 _report: ContextVar[Callable[[str], None] | None] = ContextVar("cost_report", default=None)
@@ -83,14 +99,47 @@ class CostCurve:
         return self.ms(8) / self.ms(1)
 
     @cached_property
-    def table(self) -> np.ndarray:
+    def measured(self) -> np.ndarray:
         """``ms(n)`` for n = 0 .. 2 * MAX_NODES, made once: a drafting step sizes its tree
         several times, and one ``np.interp`` per candidate size was a measurable share of a
         step."""
         return np.array([self.ms(n) for n in range(2 * MAX_NODES + 1)])
 
+    @cached_property
+    def _seen(self) -> np.ndarray:
+        """Per tree size: verify forwards the engine timed (row 0) and their ms summed (row 1)."""
+        return np.zeros((2, 2 * MAX_NODES + 1))
+
+    def observe(self, n: int, ms: float) -> None:
+        """The engine timed a verify of an ``n``-node tree (``n`` >= 2; no more than
+        2 * MAX_NODES) at ``ms``, its forward alone (not batched with other sequences): the
+        sizing's estimate for ``n`` moves toward what the engine sees (``table``)."""
+        if 2 <= n < self._seen.shape[1] and ms > 0 and observing():
+            self._seen[0, n] += 1.0
+            self._seen[1, n] += ms
+            self.__dict__.pop("_estimate", None)
+
+    @cached_property
+    def _estimate(self) -> np.ndarray:
+        count, total = self._seen
+        est = (PRIOR_FORWARDS * self.measured + total) / (PRIOR_FORWARDS + count)
+        est[:2] = self.measured[:2]  # one node: plain decoding, which runs pipelined
+        return np.maximum.accumulate(est)
+
+    @property
+    def table(self) -> np.ndarray:
+        """What the sizing reads: for n = 0 .. 2 * MAX_NODES, the measured ``ms(n)`` blended
+        with the verify times the engine observed for n-node trees (``observe``), as if the
+        curve's value were PRIOR_FORWARDS of them; never lower than a smaller size's. The
+        measured curve is taken once, after 128 tokens, in seconds a shared machine may spend
+        in a slow spell, and a verify in the engine costs what its context and host work make
+        it (docs/measurements.md, "the curve the sizing reads is not what a verify costs in
+        the engine"). One node stays the measured figure: plain decoding, which the engine
+        pipelines, is what drafting competes with."""
+        return self._estimate if self._seen[0].any() else self.measured
+
     def ms_range(self, first: int, count: int) -> np.ndarray:
-        """``ms(n)`` for n = first .. first + count - 1."""
+        """The sizing's ``ms(n)`` (``table``) for n = first .. first + count - 1."""
         if first + count <= len(self.table):
             return self.table[first : first + count]
         return np.array([self.ms(n) for n in range(first, first + count)])
@@ -217,6 +266,7 @@ def verify_cost_curve(target, measure=measure_cost_curve) -> CostCurve:
     (``measure(target)``) and written there."""
     key = curve_key(target)
     if key in _memo:
+        _by_target[target] = _memo[key]
         return _memo[key]
     path = cache_dir() / "cost" / f"{key}.json"
     curve = None
@@ -229,6 +279,7 @@ def verify_cost_curve(target, measure=measure_cost_curve) -> CostCurve:
         curve = CostCurve(*_fields(measure(target)), key=key)
         _write(path, curve.to_json())
     _memo[key] = curve
+    _by_target[target] = curve
     return curve
 
 
