@@ -6,9 +6,14 @@ committed; layer ``i`` holds positions ``[starts[i], offset)`` in slots ``[0, of
 their keys/values into the N slots after those (``write``) without committing anything; only the
 engine (or a drafter, for its own cache) then calls
 
-- ``commit(path)``: keep the accepted tree nodes — one gather moving them to contiguous slots
-  (free for a chain prefix; ``gather``, when given, fetches the rows: the target's caches use
-  ``kernels/compact.py``, a Metal kernel where those run) — and advance ``offset``;
+- ``commit(path)``: keep the accepted tree nodes, moved to contiguous slots (free for a chain
+  prefix), and advance ``offset``. ``move``, when given, moves them in every buffer at once and
+  may decline (None); else each buffer gathers the rows (``gather``, when given, fetches them)
+  and stores them with a slice update. The target's caches take both from
+  ``kernels/compact.py``: on the CPU the native move, one operation a buffer, which writes only
+  the moved rows where the buffer is the cache's alone (the slice update after a gather can find
+  the buffer still held by it, and then copies the whole layer), and a Metal kernel's gather
+  where those run;
 - ``trim(n)``: forget the last ``n`` committed tokens (O(1)).
 
 **Cache policy per layer.** ``window`` is None (every layer attends to everything), one int
@@ -42,7 +47,8 @@ _STEP = 256
 
 class KVCache:
     def __init__(self, num_layers: int, window: int | None | Sequence[int | None] = None,
-                 rollback: int = 64, gather=None, sources: Sequence[int] | None = None):
+                 rollback: int = 64, gather=None, sources: Sequence[int] | None = None,
+                 move=None):
         windows = list(window) if isinstance(window, Sequence) else [window] * num_layers
         if len(windows) != num_layers:
             raise ValueError(f"window has {len(windows)} entries for {num_layers} layers")
@@ -58,6 +64,7 @@ class KVCache:
         self.windows: tuple[int | None, ...] = tuple(windows)
         self.rollback = rollback
         self.gather = gather  # (keys, values, first, path) -> the rows first + path[j]
+        self.move = move  # (buffers, firsts, path) -> the buffers with the rows moved, or None
         self.keys: list[mx.array | None] = [None] * num_layers
         self.values: list[mx.array | None] = [None] * num_layers
         self.starts = [0] * num_layers  # absolute position held in slot 0, per layer
@@ -158,7 +165,7 @@ class KVCache:
     def commit(self, path: list[int] | None = None) -> None:
         """Keep scratch nodes ``path`` (default: all of them, in order) as committed tokens."""
         n = self._scratch if path is None else len(path)
-        if path is not None and path != list(range(n)):
+        if path is not None and path != list(range(n)) and not self._moved(path):
             for i in self.owners:
                 a = self.slots(i)
                 if self.gather is not None:
@@ -170,6 +177,21 @@ class KVCache:
                 self.values[i][..., a : a + n, :] = v
         self.offset += n
         self._scratch = 0
+
+    def _moved(self, path: list[int]) -> bool:
+        """Move the rows of ``path`` in every owned buffer through ``move``; False where there
+        is none or it declines (``commit`` then gathers)."""
+        held = [i for i in self.owners if self.keys[i] is not None]
+        if self.move is None or not held:
+            return False
+        firsts = [self.slots(i) for i in held]
+        moved = self.move([self.keys[i] for i in held] + [self.values[i] for i in held],
+                          firsts + firsts, path)
+        if moved is None:
+            return False
+        for j, i in enumerate(held):
+            self.keys[i], self.values[i] = moved[j], moved[len(held) + j]
+        return True
 
     def trim(self, n: int) -> None:
         """Forget the last ``n`` committed tokens."""

@@ -1,6 +1,11 @@
 """Keeping the accepted path: the rows of a layer's keys/values that the cache moves to the
 slots after its committed prefix.
 
+``move_rows(buffers, firsts, path)`` moves them on the CPU: the native operation
+(``native/move_rows.h``), one per buffer, which writes only the moved rows in the buffer's own
+memory when the cache holds it alone and copies it otherwise. It declines (None) where the native
+module does not run or Metal kernels are asked for; ``KVCache.commit`` then gathers:
+
 ``gather_rows(keys, values, first, path)`` returns the rows ``first + path[j]`` of keys and
 values (each (1, H_kv, capacity, D)) as (1, H_kv, len(path), D) arrays; ``KVCache.commit``
 stores them at slots ``first ..`` with one slice update. Where ``backend.metal_kernels`` runs
@@ -15,7 +20,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .backend import KernelError, metal_kernels
+from . import native
+from .backend import KernelError, metal_kernels, native_enabled
 from .metal import kernel
 
 
@@ -45,3 +51,11 @@ def gather_rows(keys, values, first: int, path: list[int]):
     if mode == "off":
         return gather_rows_twin(keys, values, first, path)
     return gather_rows_kernel(keys, values, first, path, mode)
+
+
+def move_rows(buffers: list[mx.array], firsts: list[int], path: list[int]) -> list[mx.array] | None:
+    """``buffers`` (each (1, H_kv, capacity, D)) with rows ``firsts[b] + path[j]`` at
+    ``firsts[b] + j``, through the native operation, or None where it does not run."""
+    if metal_kernels() != "off" or not native_enabled():
+        return None
+    return native.load().move_rows(buffers, firsts, path)

@@ -19,7 +19,7 @@ import numpy as np
 from ..cache import KVCache
 from ..errors import ConfigError
 from ..kernels.backend import metal_kernels, use_native_tree_attention
-from ..kernels.compact import gather_rows
+from ..kernels.compact import gather_rows, move_rows
 from ..kernels.tree_mask import MAX_NODES, tree_mask
 from ..loading.tokenizer import Tokenizer
 from ..tree import DraftTree, attention_mask, chain_mask
@@ -71,7 +71,7 @@ class Target:
             raise ConfigError(
                 f"layers {layers} run KV-shared layers without the layers whose keys/values they "
                 f"read ({', '.join(f'{i} reads {s}' for i, s in missing.items())}); add those")
-        kv = dict(window=[windows[i] for i in layers], gather=gather_rows,
+        kv = dict(window=[windows[i] for i in layers], gather=gather_rows, move=move_rows,
                   sources=[layers.index(sources[i]) for i in layers])
         recurrent = [j for j, i in enumerate(layers) if i in self.model.state_layers()]
         if recurrent:  # a hybrid model's recurrent layers keep states (``state_cache``)

@@ -8,6 +8,7 @@
 #include "block.h"
 #include "dispatch.h"
 #include "expf_libm.h"
+#include "move_rows.h"
 #include "pool.h"
 #include "quantized_matmul.h"
 #include "rope_norm.h"
@@ -36,6 +37,9 @@ NB_MODULE(_edgespec_native, m) {
         "qpos"_a, "key_start"_a, "window"_a, "scale"_a, "softcap"_a,
         "Softmax attention of <= 64 tree nodes over cached + own keys, masked by an ancestor "
         "bitmask, positions and a window (0: none); float32, batch 1.");
+  m.def("move_rows", &edgespec_native::move_rows_op, "buffers"_a, "firsts"_a, "path"_a,
+        "Each buffer (1, heads, capacity, dim) with rows firsts[b] + path[j] moved to "
+        "firsts[b] + j, in the buffer's own memory when nothing else holds it (move_rows.h).");
   m.def("rms_norm", &edgespec_native::rms_norm_op, "x"_a, "w"_a, "eps"_a,
         "x * rsqrt(mean(x^2, -1) + eps) * w for float32 x (..., H) and w (H,).");
   m.def("qkv_rope", &edgespec_native::qkv_rope_op, "y"_a, "pos"_a, "inv_freq"_a, "heads"_a,
