@@ -311,8 +311,10 @@ class Engine:
 
         begin = (lambda: drafter.propose(0)) if drafter is not None else (lambda: None)
         # the curve a drafter sizes its trees on learns what a verify costs here (a forward of
-        # this decoding alone, all layers: not batched, not a lower-layers split)
-        observed = memoized_curve(target) if drafter is not None and lower is None else None
+        # this decoding alone, all layers: not batched, not a lower-layers split, and no rules,
+        # whose masking would be priced into every later request's trees)
+        observed = (memoized_curve(target) if drafter is not None and lower is None and not ruled
+                    else None)
         while True:
             t1 = time.perf_counter()
             drafted = propose(root, room())

@@ -3,6 +3,8 @@ and the node budget chosen from it; the calibration that turns draft confidence 
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ CPU_LIKE = CostCurve((1, 2, 4, 8, 16), (20.0, 24.0, 30.0, 44.0, 80.0))  # 8 node
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(cost, "_memo", {})
+    monkeypatch.setattr(cost, "_by_target", weakref.WeakKeyDictionary())
     return tmp_path
 
 

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import httpx
 import mlx.core as mx
 import pytest
@@ -54,6 +56,7 @@ def no_measuring(monkeypatch, tmp_path):
     monkeypatch.setattr(cost, "measure_cost_curve",
                         lambda target: CostCurve((1, 2, 8), (20.0, 24.0, 44.0)))
     monkeypatch.setattr(cost, "_memo", {})
+    monkeypatch.setattr(cost, "_by_target", weakref.WeakKeyDictionary())
 
 
 def plain(target, max_tokens=16):

@@ -8,6 +8,7 @@ gpt-oss's alternating windows and sinks through rollback, and the typed errors.
 from __future__ import annotations
 
 import json
+import weakref
 from functools import partial
 
 import mlx.core as mx
@@ -232,6 +233,7 @@ def test_cost_curve_is_measured_on_the_moe_model_itself(tmp_path, monkeypatch):
 
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cost, "_memo", {})
+    monkeypatch.setattr(cost, "_by_target", weakref.WeakKeyDictionary())
     config = CONFIGS["qwen3_moe"]
     moe = load_target(make_oracle_model(tmp_path / "a", config), dtype="float32")
     curve = cost.measure_cost_curve(moe, sizes=(1, 4, 16), context=16, repeats=1)

@@ -3,8 +3,9 @@
 The measured curve counts as PRIOR_FORWARDS observations of each size; the engine's timed
 verifies of n-node trees move the estimate for n toward them; no size reads cheaper than a
 smaller one; one node keeps the measured figure (plain decoding, pipelined, is what drafting
-competes with); nothing moves with ``EDGESPEC_OBSERVED_COSTS=0`` (the suite's default). The
-engine observes a decoding's own full forwards, and only with a drafter that sizes on a curve.
+competes with); one observation counts at most OBSERVED_CAP times the measured figure; nothing
+moves with ``EDGESPEC_OBSERVED_COSTS=0`` (the suite's default). The engine observes a decoding's
+own full forwards with a drafter, and not under rules (penalties, a grammar).
 """
 
 from __future__ import annotations
@@ -56,14 +57,15 @@ def test_off_by_setting(monkeypatch):
 
 
 def test_dearer_verifies_shrink_the_tree(observing):
-    """Nodes each likely to be accepted: the measured curve verifies several; once the engine
-    has seen those trees cost far more, the sizing verifies fewer."""
+    """A chain whose nodes grow less likely: the measured curve verifies several of them; once
+    the engine has seen those trees cost twice as much (the most an observation counts), the
+    sizing verifies fewer."""
     c = _curve()
-    probs = [0.6] * 7
+    probs = [0.6, 0.3, 0.15, 0.08, 0.04]
     assert best_budget(probs, c).nodes >= 3
     for n in range(2, 9):
         for _ in range(4 * PRIOR_FORWARDS):
-            c.observe(n, 6.0 + 8.0 * (n - 1))
+            c.observe(n, cost.OBSERVED_CAP * c.ms(n))
     assert best_budget(probs, c).nodes < 3
 
 
@@ -78,4 +80,26 @@ def test_the_engine_observes_its_verifies(observing, target, monkeypatch):
     assert seen and all(c is curve and n >= 2 and ms > 0 for c, n, ms in seen)
     seen.clear()
     Engine(target, None).generate("the cat sat on the mat", max_tokens=8)  # no drafter
+    assert not seen
+
+
+def test_an_outlier_counts_at_most_the_cap(observing):
+    """A verify timed during a pause of the process counts as OBSERVED_CAP times the measured
+    figure, not as what the clock read."""
+    c = _curve()
+    c.observe(4, 1e6)
+    assert c.ms_range(4, 1)[0] == pytest.approx(
+        (PRIOR_FORWARDS * 7.0 + cost.OBSERVED_CAP * 7.0) / (PRIOR_FORWARDS + 1))
+
+
+def test_steps_under_rules_are_not_observed(observing, target, monkeypatch):
+    """Penalties (or a grammar) add their masking to a step's time: such steps would price the
+    trees of every later request."""
+    seen = []
+    monkeypatch.setattr(cost, "_by_target", {target: _curve()})
+    monkeypatch.setattr(CostCurve, "observe", lambda self, n, ms: seen.append(n))
+    drafter = make_drafter(SpecConfig(method="lookup", num_draft=4), target, SamplingConfig())
+    Engine(target, drafter).generate("the cat sat on the mat the cat sat on the mat",
+                                     max_tokens=24,
+                                     sampling=SamplingConfig(repetition_penalty=1.1))
     assert not seen

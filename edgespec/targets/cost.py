@@ -25,6 +25,7 @@ import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -46,6 +47,9 @@ CONTEXT = 128
 MAX_NODES = 64
 # The measured curve's weight, in observed verify forwards, in what the sizing reads (``table``).
 PRIOR_FORWARDS = 8
+# An observed verify counts at most this many times the measured figure (``observe``).
+OBSERVED_CAP = 2.0
+_observing_lock = threading.Lock()  # observations and the estimate made from them
 
 
 def observing() -> bool:
@@ -54,12 +58,16 @@ def observing() -> bool:
     return os.environ.get("EDGESPEC_OBSERVED_COSTS", "1") != "0"
 
 
+_memo: dict[str, CostCurve] = {}
+_by_target: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its curve
+
+
 def memoized_curve(target) -> CostCurve | None:
     """The curve ``verify_cost_curve`` gave for ``target`` in this process, else None: never
     measures, nor computes the key."""
     return _by_target.get(target)
-_memo: dict[str, CostCurve] = {}
-_by_target: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its curve
+
+
 # where a measurement also reports its progress, as lines (besides its tqdm bar on stderr):
 # set by ``reporting`` around building a drafter, e.g. by the chat, whose screen hides stderr
 _report: ContextVar[Callable[[str], None] | None] = ContextVar("cost_report", default=None)
@@ -113,16 +121,21 @@ class CostCurve:
     def observe(self, n: int, ms: float) -> None:
         """The engine timed a verify of an ``n``-node tree (``n`` >= 2; no more than
         2 * MAX_NODES) at ``ms``, its forward alone (not batched with other sequences): the
-        sizing's estimate for ``n`` moves toward what the engine sees (``table``)."""
-        if 2 <= n < self._seen.shape[1] and ms > 0 and observing():
-            self._seen[0, n] += 1.0
-            self._seen[1, n] += ms
-            self.__dict__.pop("_estimate", None)
+        sizing's estimate for ``n`` moves toward what the engine sees (``table``). One
+        observation counts at most OBSERVED_CAP times the measured figure: a pause of the
+        process (a collection, the machine's other work) would otherwise price a size, and
+        every larger one, out of the sizing for the rest of the process. Thread-safe."""
+        if 2 <= n < len(self.measured) and ms > 0 and observing():
+            with _observing_lock:
+                self._seen[0, n] += 1.0
+                self._seen[1, n] += min(ms, OBSERVED_CAP * self.measured[n])
+                self.__dict__.pop("_estimate", None)
 
     @cached_property
     def _estimate(self) -> np.ndarray:
-        count, total = self._seen
-        est = (PRIOR_FORWARDS * self.measured + total) / (PRIOR_FORWARDS + count)
+        with _observing_lock:
+            count, total = self._seen
+            est = (PRIOR_FORWARDS * self.measured + total) / (PRIOR_FORWARDS + count)
         est[:2] = self.measured[:2]  # one node: plain decoding, which runs pipelined
         return np.maximum.accumulate(est)
 
@@ -136,7 +149,9 @@ class CostCurve:
         it (docs/measurements.md, "the curve the sizing reads is not what a verify costs in
         the engine"). One node stays the measured figure: plain decoding, which the engine
         pipelines, is what drafting competes with."""
-        return self._estimate if self._seen[0].any() else self.measured
+        with _observing_lock:
+            seen = self._seen[0].any()
+        return self._estimate if seen else self.measured
 
     def ms_range(self, first: int, count: int) -> np.ndarray:
         """The sizing's ``ms(n)`` (``table``) for n = first .. first + count - 1."""

@@ -20,6 +20,7 @@ using namespace nb::literals;
 
 NB_MODULE(_edgespec_native, m) {
   m.doc() = "edgespec's native CPU kernels (an MLX extension); see edgespec/kernels/native.";
+  edgespec_native::expf_vector_active();  // its self-check at load, not in a forward
   m.def("small_matmul", &edgespec_native::small_matmul_op, "x"_a, "w"_a,
         "x @ w.T for float32 x (..., K) and w (N, K), reading each row of w once.");
   m.def("quantized_small_matmul", &edgespec_native::quantized_small_matmul_op, "x"_a, "wq"_a,
@@ -168,11 +169,11 @@ NB_MODULE(_edgespec_native, m) {
         "How long (us) the kernels' helper threads poll for the next job before they sleep.");
   m.def(
       "set_pool_spin_us",
-      [](int us) {
+      [](long long us) {
         if (us < 0 || us > 100000)
           throw std::invalid_argument("set_pool_spin_us: " + std::to_string(us) +
                                       " us; allowed: 0 .. 100000");
-        edgespec_native::Pool::set_spin_us(us);
+        edgespec_native::Pool::set_spin_us(static_cast<int>(us));
       },
       "us"_a, "Sets that (tests and A/B timings; the results are the same).");
   m.def("fma_peak", &edgespec_native::fma_peak, "rounds"_a = 5, "all_threads"_a = true,

@@ -244,11 +244,18 @@ namespace {
 
 // Whether expf_avx2 gives std::exp's bits on this machine: the CPU has AVX2 and FMA, and
 // every 65,537th float bit pattern below 88 in magnitude (about 32,000 values of every sign
-// and scale) comes out equal, checked once.
+// and scale) comes out equal, with the two inputs where glibc's algorithm without fused
+// multiply-adds (its non-FMA build, musl's) rounds differently from the fused one
+// (scripts/expf_exhaustive.sh finds them), checked once, when the module loads (bindings.cpp).
 bool check_vector_expf() {
 #if defined(__x86_64__) || defined(_M_X64)
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
   std::vector<float> x, y;
+  for (const uint32_t u : {0x427c65d9u, 0xc202422fu, 0u, 0u}) {  // padded to a vector of 4
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);
+  }
   for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 65537) {
     const uint32_t u = static_cast<uint32_t>(b);
     if (((u >> 20) & 0x7ff) >= 0x42b) continue;  // |x| >= 88, NaN, infinity: std::exp's

@@ -35,11 +35,13 @@ inline __m128 expf4(__m128 x, __m256d sign) {
   const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32.0);
   const __m256d one = _mm256_set1_pd(1.0);
   const __m256d xd = _mm256_mul_pd(_mm256_cvtps_pd(x), sign);  // exact
-  const __m256d z = _mm256_mul_pd(inv_ln2_n, xd);
-  __m256d kd = _mm256_add_pd(z, shift);
+  // z = x 32 / ln 2 rounded to an integer k, and r = z - k, as glibc's FMA build computes them:
+  // both fused with the product (this file is compiled with -ffp-contract=off, so nothing the
+  // compiler fuses or not on its own changes a bit).
+  __m256d kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
   const __m256i ki = _mm256_castpd_si256(kd);
   kd = _mm256_sub_pd(kd, shift);
-  const __m256d r = _mm256_sub_pd(z, kd);
+  const __m256d r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
   __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExp2Table),
                                      _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
   t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));

@@ -18,8 +18,8 @@ namespace {
 
 // How long a helper keeps polling for the next job before it sleeps (Pool::set_spin_us). A
 // forward's jobs come within tens of microseconds of each other; longer polling only took a
-// core from the thread that builds and reads the next step (on 2 cores, 100 us decoded ~4%
-// slower than 40: docs/measurements.md, "The kernels' helpers poll for 40 us").
+// core from the thread that builds and reads the next step (docs/measurements.md, "The kernels'
+// helpers poll for 40 us").
 std::atomic<int> poll_us{40};
 
 int configured_threads() {

@@ -39,7 +39,8 @@ class Pool {
   int threads() const { return threads_; }
 
   // How long (microseconds) a helper polls for the next job after one before it sleeps: 40 by
-  // default; 0 sleeps at once. Process-wide; for tests and A/B timings (the same results).
+  // default; 0 sleeps after a short spin (64 pauses). Process-wide; for tests and A/B timings
+  // (the same results).
   static int spin_us();
   static void set_spin_us(int us);
 
