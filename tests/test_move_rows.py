@@ -5,8 +5,9 @@ What is checked: the moved buffers equal what a gather and a slice update give (
 ``gather_rows_twin``), bit for bit, for float32, float16 and bfloat16 buffers, per-buffer first
 slots and paths that skip rows; a buffer something else still holds is left as it was (the move
 then works on a copy) while the cache's result is moved; a strided view is read through its
-strides; bad paths and shapes are refused with a ValueError naming the problem; and a target's
-cache commits a branch the same with and without the move.
+strides; bad paths and shapes are refused with a ValueError naming the problem, and declined by
+``compact.move_rows`` (the cache then gathers); and a cache commits a branch the same with and
+without the move.
 """
 
 from __future__ import annotations
@@ -99,3 +100,19 @@ def test_a_cache_commits_a_branch_the_same_with_and_without_the_move(mod):  # no
     assert with_move.offset == without.offset == 7 + 3 + 2 + 3
     for a, b in zip(with_move.state(), without.state()):
         assert mx.array_equal(a[..., :with_move.offset, :], b[..., :without.offset, :]).item()
+
+
+def test_what_the_operation_does_not_take_is_left_to_the_gather(mod):  # noqa: F811
+    two = mx.zeros((2, 2, 16, 8))
+    assert move_rows([two], [0], [0, 2]) is None  # a batch of two
+    one = mx.zeros((1, 2, 16, 8))
+    assert move_rows([one], [0], [0, 2, 2]) is None
+    assert move_rows([one], [0], []) is None
+    assert move_rows([one], [0], [0, 2]) is not None
+    cache = KVCache(1, move=move_rows)
+    rng = np.random.default_rng(7)
+    k, v = (mx.array(rng.standard_normal((2, 2, 5, 8)).astype(np.float32)) for _ in range(2))
+    cache.reserve(5)
+    cache.write(0, k, v)
+    cache.commit([0, 2, 4])  # the gather's way: the same rows
+    assert mx.array_equal(cache.keys[0][..., :3, :], k[..., [0, 2, 4], :]).item()

@@ -55,7 +55,12 @@ def gather_rows(keys, values, first: int, path: list[int]):
 
 def move_rows(buffers: list[mx.array], firsts: list[int], path: list[int]) -> list[mx.array] | None:
     """``buffers`` (each (1, H_kv, capacity, D)) with rows ``firsts[b] + path[j]`` at
-    ``firsts[b] + j``, through the native operation, or None where it does not run."""
+    ``firsts[b] + j``, through the native operation, or None where it does not run: Metal
+    kernels asked for, no native module, or what the operation does not take (a batch of more
+    than one, a path not strictly increasing), which the gather then handles as it always did."""
     if metal_kernels() != "off" or not native_enabled():
+        return None
+    if any(b.ndim != 4 or b.shape[0] != 1 for b in buffers) or any(
+            b <= a for a, b in zip(path, path[1:])) or not path or path[0] < 0:
         return None
     return native.load().move_rows(buffers, firsts, path)
