@@ -4,8 +4,8 @@
 //
 // KVCache.commit (edgespec/cache.py, through kernels/compact.py's move_rows) keeps the accepted
 // branch of a draft tree. Through MLX's ops that is a gather of the rows and a slice update per
-// buffer; the gather holds the buffer while the update runs, so the update cannot reuse it and
-// copies the whole cache layer. This operation is one per buffer and single-output: when its
+// buffer; the update can find the buffer still held by the gather, and then copies the whole
+// cache layer. This operation is one per buffer and single-output: when its
 // input is donatable (MLX's rule: the only reference to its data, which the cache gives up as it
 // stores the result) the output takes the input's memory and only the moved rows are written;
 // otherwise the output is a fresh copy with the rows moved. Either way the result is what the
