@@ -1,23 +1,30 @@
 // The int8-activation form of kernel_q.h's product on AVX-512 VNNI, compiled with -mavx512f
 // -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA files include nothing else).
-// x comes quantized per 32-value block in kernel_q.h's VNNI layout, groups of 4 rows
-// (quantized_matmul.cpp's quantize_x8).
 //
-// A full group runs q8group: its lanes are (row, block), so one load of a round serves the group's
+// 4 rows or more come quantized per 32-value block in kernel_q.h's group layout (groups of 4
+// rows) and run q8group: its lanes are (row, block), so one load of a round serves the group's
 // 4 rows, and each column's step is unpacked once (the column's dwords of each round gathered by
 // one permutation, masked or shifted for 4-bit nibbles, each round broadcast to the 4 row lanes)
 // for up to 4 groups. Per row and column, a step is then 8 vpdpbusd (u8 x s8 -> int32, exact) and
 // four float instructions (a convert, the group scales times the blocks' d, two FMAs: the scale
-// part, and bias x d * sum(q)). The rows of a last partial group run q8block, in (column, block)
-// lanes: the 4 columns' packed bytes rearranged in registers (a dword permutation per column, then
-// a 4 x 4 transpose of 128-bit lanes), each row's rounds broadcast to the columns. Both compute
-// every lane's value with the same instructions in the same order, so a row's bits depend neither
-// on the other rows nor on which kernel ran it; each output's 4 block lanes are summed as (b0 +
-// b2) + (b1 + b3). (Kept in registers across columns, x's rounds crowded the accumulators out of
-// them: four groups take a column a pass.)
+// part, and bias x d * sum(q)).
+//
+// 1-3 rows come in kernel_q.h's lane layout and run q8lanes: each column's packed bytes are used
+// as they are loaded (the 4-bit low and high nibbles masked and shifted in place; an 8-bit step's
+// block halves paired by one qword permutation), each row's x laid out by the quantizer to match,
+// so a column's step is 2 vpdpbusd a row into lanes (block, 4 values). The 4 columns' lanes are
+// summed into (block, column) lanes by in-lane unpacks and integer adds (exact). A one-row
+// product reads its weights this way without the cross-lane rearranging q8group's broadcasts
+// need, which held it below the memory's speed.
+//
+// Both kernels compute every (row, column, block) value with the same float instructions in the
+// same order, so a row's bits depend neither on the other rows nor on which kernel ran it; each
+// output's 4 block lanes are summed as (b0 + b2) + (b1 + b3). (Kept in registers across columns,
+// x's rounds crowded q8group's accumulators out of them: four groups take a column a pass.)
 #include <immintrin.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace edgespec_native {
 namespace {
@@ -30,57 +37,15 @@ inline __mmask64 byte_mask(int64_t n) {
   return n >= 64 ? ~__mmask64(0) : n <= 0 ? __mmask64(0) : (__mmask64(1) << n) - 1;
 }
 
-// c0..c3 (one column each, 128-bit lane e = that column's round e) into t[e], lane j = cj's lane e.
-inline void lanes_transpose(const __m512i c[4], __m512i* t) {
-  const __m512i u0 = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i u1 = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2));
-  const __m512i u2 = _mm512_shuffle_i32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i u3 = _mm512_shuffle_i32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2));
-  t[0] = _mm512_shuffle_i32x4(u0, u2, _MM_SHUFFLE(2, 0, 2, 0));
-  t[1] = _mm512_shuffle_i32x4(u0, u2, _MM_SHUFFLE(3, 1, 3, 1));
-  t[2] = _mm512_shuffle_i32x4(u1, u3, _MM_SHUFFLE(2, 0, 2, 0));
-  t[3] = _mm512_shuffle_i32x4(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
-}
-
-// The 8 round vectors of one step (values k.. k+127) of 4 columns at w (row stride ldq): lane
-// (j, b) = 4 bytes of column j's block b (kernel_q.h's rounds).
-template <int BITS>
-inline void rounds(const uint8_t* w, int64_t ldq, int64_t k, int64_t K, __m512i r[8]) {
-  const int64_t rem = K - k;  // values left, a multiple of 32
-  __m512i c[4];
-  if constexpr (BITS == 4) {
-    // dword 4b + e of a column's 64 bytes to dword 4e + b
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __mmask64 m = byte_mask(rem / 2);
-    for (int j = 0; j < 4; ++j)
-      c[j] = _mm512_permutexvar_epi32(idx, _mm512_maskz_loadu_epi8(m, w + j * ldq + k / 2));
-    __m512i t[4];
-    lanes_transpose(c, t);
-    const __m512i m4 = _mm512_set1_epi8(15);
-    for (int e = 0; e < 4; ++e) {
-      r[e] = _mm512_and_si512(t[e], m4);
-      r[4 + e] = _mm512_and_si512(_mm512_srli_epi16(t[e], 4), m4);
-    }
-  } else {
-    // dword 8b + e of a column's 128 bytes (two vectors, blocks 0-1 and 2-3) to dword 4e + b
-    const __m512i lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(4));
-    const __mmask64 ma = byte_mask(rem), mb = byte_mask(rem - 64);
-    __m512i a[4], b[4];
-    for (int j = 0; j < 4; ++j) {
-      a[j] = _mm512_maskz_loadu_epi8(ma, w + j * ldq + k);
-      b[j] = _mm512_maskz_loadu_epi8(mb, w + j * ldq + k + 64);
-    }
-    for (int j = 0; j < 4; ++j) c[j] = _mm512_permutex2var_epi32(a[j], lo, b[j]);
-    lanes_transpose(c, r);
-    for (int j = 0; j < 4; ++j) c[j] = _mm512_permutex2var_epi32(a[j], hi, b[j]);
-    lanes_transpose(c, r + 4);
-  }
-}
-
 // Lanes 4j .. 4j + n - 1 = v[j * ldg + g0 ..] for j < 4 (bits: n ones), the rest 0: float32
 // scales or biases, or float16 ones (their bits as uint16_t), widened exactly.
 inline __m512 quads(const float* v, int64_t ldg, int64_t g0, unsigned bits) {
+  if (bits == 15u) {  // 4 values a column: plain loads (the masked ones below form a chain)
+    __m512 out = _mm512_castps128_ps512(_mm_loadu_ps(v + g0));
+    out = _mm512_insertf32x4(out, _mm_loadu_ps(v + ldg + g0), 1);
+    out = _mm512_insertf32x4(out, _mm_loadu_ps(v + 2 * ldg + g0), 2);
+    return _mm512_insertf32x4(out, _mm_loadu_ps(v + 3 * ldg + g0), 3);
+  }
   __m512 out = _mm512_setzero_ps();
   for (int j = 0; j < 4; ++j)
     out = _mm512_mask_loadu_ps(out, __mmask16(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
@@ -88,6 +53,14 @@ inline __m512 quads(const float* v, int64_t ldg, int64_t g0, unsigned bits) {
 }
 
 inline __m512 quads(const uint16_t* v, int64_t ldg, int64_t g0, unsigned bits) {
+  if (bits == 15u) {
+    const __m128i a0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + g0));
+    const __m128i a1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + ldg + g0));
+    const __m128i a2 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + 2 * ldg + g0));
+    const __m128i a3 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + 3 * ldg + g0));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_unpacklo_epi64(a0, a1)), _mm_unpacklo_epi64(a2, a3), 1));
+  }
   __m512i h = _mm512_setzero_si512();
   for (int j = 0; j < 4; ++j)
     h = _mm512_mask_loadu_epi16(h, __mmask32(bits << (4 * j)), v + j * ldg + g0 - 4 * j);
@@ -131,67 +104,11 @@ inline __m512 fold_blocks(__m512 a) {
   return _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
-inline __m512i bcast16(const int8_t* p) {
-  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// The row layout of kernel_q.h's VNNI form: row i of a group at 16 * i bytes of each 64-byte
-// round and 4 * i floats of each 16-float step of xd and xs.
+// kernel_q.h's group layout: row i of a group at 16 * i bytes of each 64-byte round and 4 * i
+// floats of each 16-float step of xd and xs. Its lane layout: a row's step is two 64-byte
+// vectors and 32 floats (16 of d, 16 of d * sum(q)).
 constexpr int64_t kStepBytes = 512, kRoundBytes = 64, kStepFloats = 16;
-
-// Rows 0..MB-1 (MB < 4) of one group of x against 4 columns in (column, block) lanes: the
-// weights are rearranged once per step for these rows, each row's rounds broadcast to the 4
-// columns: the rows past the full groups of 4 (q8columns).
-template <int BITS, int MB, typename S>
-inline void q8block(const int8_t* xr, const float* xd, const float* xs, const uint8_t* wq,
-                    int64_t ldq, const S* s, const S* b, int64_t ldg, float* y,
-                    int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
-                    int64_t pf_step) {
-  __m512 acc[MB];
-  #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
-    if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
-      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
-        __builtin_prefetch(pf + p, 0, 2);
-    __m512i r[8];
-    rounds<BITS>(wq, ldq, k, K, r);
-    const __m512 sv = per_lane(s, ldg, k, K, gs);
-    const __m512 bv = b ? per_lane(b, ldg, k, K, gs) : bias_of(sv, BITS);
-    // Two chains of vpdpbusd per row (rounds 0-3 and 4-7), the rows' chains interleaved; the
-    // integer sums are exact, so the chaining changes no bit.
-    const int8_t* x = xr + st * kStepBytes;
-    __m512i d0[MB], d1[MB];
-    #pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      d0[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], bcast16(x + 16 * i));
-      d1[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4],
-                                  bcast16(x + 16 * i + 4 * kRoundBytes));
-    }
-    #pragma GCC unroll 8
-    for (int e = 1; e < 4; ++e)
-      #pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) {
-        d0[i] = _mm512_dpbusd_epi32(d0[i], r[e], bcast16(x + 16 * i + e * kRoundBytes));
-        d1[i] = _mm512_dpbusd_epi32(d1[i], r[4 + e],
-                                    bcast16(x + 16 * i + (4 + e) * kRoundBytes));
-      }
-    #pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      const int64_t f = st * kStepFloats + 4 * i;
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0[i], d1[i])),
-                               _mm512_mul_ps(sv, bcast4(xd + f)), acc[i]);
-      acc[i] = _mm512_fmadd_ps(bv, bcast4(xs + f), acc[i]);
-    }
-  }
-  #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) {  // a 128-bit lane per column
-    alignas(64) float out[16];
-    _mm512_store_ps(out, fold_blocks(acc[i]));
-    #pragma GCC unroll 8
-    for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[4 * j];
-  }
-}
+constexpr int64_t kLaneStepBytes = 128, kLaneStepFloats = 32;
 
 // 128-bit lane e of v broadcast to the 4 lanes.
 template <int E>
@@ -240,7 +157,7 @@ inline __m512 column_lanes(const S* v, int64_t k, int64_t K, int64_t gs) {
 // with strides ldq, ldg) in (row, block) lanes: each column's step is unpacked once for the
 // G groups and every round is one full load of 4 rows' x, so a row costs its vpdpbusd and
 // four float instructions a column and step, and no broadcast. Each lane computes what
-// q8block's (column, block) lane computes for that row, in the same order: the same bits.
+// q8lanes's (block, column) lane computes for that row, in the same order: the same bits.
 // Only the first `rows` rows are stored: a last group padded with rows of zeros (q8columns).
 template <int BITS, int G, int NC, typename S>
 void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
@@ -299,13 +216,121 @@ void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, in
     }
 }
 
-// Rows 0..M-1 of x (kernel_q.h's VNNI layout: groups of 4 rows, ldr bytes and ldf floats
-// apart) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every lane); nc
-// columns of y written. The full groups run q8group up to four at a time (four: a column a
-// pass). Past 4 rows a last partial group runs as a full one, its rows past M zeros
-// (quantize_x8) computed and not stored: 5-7 rows then cost what 8 cost, where q8block's second
-// pass over the weights cost more than a full group (docs/measurements.md, "A partial group
-// run as a full one"). 1-3 rows run q8block. The same bits for a row either way.
+// A column's step (values k .. k + 127) as q8lanes uses it: 4 bits: the low nibbles of its 64
+// bytes, then the high ones (dword w: values 8w + 0, 2, 4, 6, then 8w + 1, 3, 5, 7); 8 bits: each
+// block's first 16 bytes, then its last 16 (128-bit lane b: block b). Either way dword 4b + e of
+// the two vectors holds block b's values of rounds e and 4 + e (kernel_q.h's lane layout).
+template <int BITS>
+inline void lane_weights(const uint8_t* w, int64_t k, int64_t K, __m512i out[2]) {
+  const int64_t rem = K - k;  // values left, a multiple of 32
+  if constexpr (BITS == 4) {
+    const __m512i c = _mm512_maskz_loadu_epi8(byte_mask(rem / 2), w + k / 2);
+    const __m512i m4 = _mm512_set1_epi8(15);
+    out[0] = _mm512_and_si512(c, m4);
+    out[1] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+  } else {
+    const __m512i lo = _mm512_maskz_loadu_epi8(byte_mask(rem), w + k);
+    const __m512i hi = _mm512_maskz_loadu_epi8(byte_mask(rem - 64), w + k + 64);
+    out[0] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), hi);
+    out[1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), hi);
+  }
+}
+
+// Lane 4b + j = lane 4j + b of v: (column, block) lanes to (block, column) ones.
+inline __m512 to_block_lanes(__m512 v) {
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
+}
+
+// Lane 4b + j = v[j * ldg + the group of the step's block b] (0 past K): the 4 columns'
+// scales or biases of the step at k. Float16 ones of groups of 32 or 64 on a whole step (the
+// GGUF and MLX formats) are gathered with in-lane unpacks; the rest as per_lane gives them.
+inline __m512 block_lanes(const uint16_t* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+  if (K - k >= 128 && (gs == 32 || gs == 64)) {
+    const int64_t g = gs == 32 ? k >> 5 : k >> 6;
+    __m128i a[4];
+    for (int j = 0; j < 4; ++j)
+      a[j] = gs == 32 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + j * ldg + g))
+                      : _mm_cvtsi32_si128(*reinterpret_cast<const int*>(v + j * ldg + g));
+    const __m128i p01 = _mm_unpacklo_epi16(a[0], a[1]), p23 = _mm_unpacklo_epi16(a[2], a[3]);
+    const __m128i lo = _mm_unpacklo_epi32(p01, p23);  // groups 0, 1 of the 4 columns
+    if (gs == 64)  // blocks 0, 1 in group 0; 2, 3 in group 1
+      return _mm512_cvtph_ps(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_unpacklo_epi64(lo, lo)), _mm_unpackhi_epi64(lo, lo), 1));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                                   _mm_unpackhi_epi32(p01, p23), 1));
+  }
+  return to_block_lanes(per_lane(v, ldg, k, K, gs));
+}
+
+inline __m512 block_lanes(const float* v, int64_t ldg, int64_t k, int64_t K, int64_t gs) {
+  return to_block_lanes(per_lane(v, ldg, k, K, gs));
+}
+
+// Rows 0..MB-1 (MB < 4) of x in kernel_q.h's lane layout (xr: row stride ldr bytes; xd: row
+// stride ldf floats) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
+// lane) in (block, column) lanes; nc columns of y written. A column's step is 2 chained
+// vpdpbusd a row (lanes: block, 4 values); the 4 columns' results are summed into (block,
+// column) lanes by in-lane unpacks and integer adds, then the float instructions q8group
+// runs, in its order.
+template <int BITS, int MB, typename S>
+inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
+                    const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg,
+                    float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
+                    int64_t pf_step) {
+  __m512 acc[MB];
+  #pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
+    if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
+      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
+        __builtin_prefetch(pf + p, 0, 2);
+    __m512i w[4][2];
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) lane_weights<BITS>(wq + j * ldq, k, K, w[j]);
+    const __m512 sv = block_lanes(s, ldg, k, K, gs);
+    const __m512 bv = b ? block_lanes(b, ldg, k, K, gs) : bias_of(sv, BITS);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i) {
+      const int8_t* x = xr + i * ldr + st * kLaneStepBytes;
+      const float* f = xd + i * ldf + st * kLaneStepFloats;
+      const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64);
+      __m512i v[4];
+      #pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        v[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[j][0], x0),
+                                   w[j][1], x1);
+      // 128-bit lane b: [v0, v1, v0, v1] of rounds (0 + 2, 1 + 3), then v2, v3; then columns
+      const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]),
+                                           _mm512_unpackhi_epi32(v[0], v[1]));
+      const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]),
+                                           _mm512_unpackhi_epi32(v[2], v[3]));
+      const __m512i dots = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23),
+                                            _mm512_unpackhi_epi64(s01, s23));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(sv, _mm512_loadu_ps(f)),
+                               acc[i]);
+      acc[i] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(f + 16), acc[i]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) {  // (b0 + b2) + (b1 + b3), as fold_blocks sums them
+    const __m512 t =
+        _mm512_add_ps(acc[i], _mm512_shuffle_f32x4(acc[i], acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+    alignas(64) float out[16];
+    _mm512_store_ps(out, u);
+    for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[j];
+  }
+}
+
+// Rows 0..M-1 of x against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
+// lane); nc columns of y written. 1-3 rows (kernel_q.h's lane layout: ldr bytes and ldf floats
+// a row) run q8lanes. 4 rows or more (its group layout: groups of 4 rows, ldr bytes and ldf
+// floats apart) run q8group, up to four groups at a time (four: a column a pass). Past 4 rows a
+// last partial group runs as a full one, its rows past M zeros (quantize_x8) computed and not
+// stored: 5-7 rows then cost what 8 cost, where a second pass over the weights for the last
+// rows cost more than a full group (docs/measurements.md, "A partial group run as a full one").
+// The same bits for a row either way.
 template <int BITS, typename S>
 void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
                const uint8_t* w, int64_t ldq, const S* s, const S* b, int64_t ldg,
@@ -315,6 +340,13 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
   // next weights in while this quad computes (a one-row product waited on its loads).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
+  if (M > 0 && M < 4) {
+    using Fn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
+                        const S*, const S*, int64_t, float*, int64_t, int64_t, int64_t, int,
+                        const uint8_t*, int64_t);
+    static constexpr Fn few[] = {q8lanes<BITS, 1, S>, q8lanes<BITS, 2, S>, q8lanes<BITS, 3, S>};
+    return few[M - 1](xr, ldr, xd, ldf, w, ldq, s, b, ldg, y, ldy, K, gs, nc, pf, pf_step);
+  }
   const int64_t full = M > 4 ? (M + 3) / 4 : M / 4;
   for (int64_t g = 0, G; g < full; g += G, pf = nullptr) {
     G = full - g >= 4 ? 4 : full - g >= 2 ? 2 : 1;
@@ -346,12 +378,6 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
                             pf_step, rows);
     }
   }
-  using Fn = void (*)(const int8_t*, const float*, const float*, const uint8_t*, int64_t,
-                      const S*, const S*, int64_t, float*, int64_t, int64_t, int64_t, int,
-                      const uint8_t*, int64_t);
-  static constexpr Fn rest[] = {q8block<BITS, 1, S>, q8block<BITS, 2, S>, q8block<BITS, 3, S>};
-  if (M > 0 && M < 4)
-    rest[M - 1](xr, xd, xs, w, ldq, s, b, ldg, y, ldy, K, gs, nc, pf, pf_step);
 }
 
 #include "q8_rows.inc"
@@ -389,6 +415,19 @@ void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t
       alignas(16) int32_t dw[8];
       _mm_store_si128(reinterpret_cast<__m128i*>(dw), lo);
       _mm_store_si128(reinterpret_cast<__m128i*>(dw + 4), hi);
+      if (M < 4) {  // the lane layout: round e at dword 4 * blk + e % 4 of vector e / 4
+        int8_t* step = xr + m * ldr + st * kLaneStepBytes + 16 * blk;
+        for (int i = 0; i < 8; ++i) {
+          const int e = bits == 4 ? kRound4[i] : i;
+          __builtin_memcpy(step + 64 * (e / 4) + 4 * (e % 4), dw + i, 4);
+        }
+        float* f = xd + m * ldf + st * kLaneStepFloats + 4 * blk;
+        for (int j = 0; j < 4; ++j) {
+          f[j] = d;
+          f[16 + j] = d * static_cast<float>(sum);
+        }
+        continue;
+      }
       int8_t* step = xr + (m / 4) * ldr + st * kStepBytes + 16 * (m % 4) + 4 * blk;
       for (int i = 0; i < 8; ++i)
         __builtin_memcpy(step + kRoundBytes * (bits == 4 ? kRound4[i] : i), dw + i, 4);

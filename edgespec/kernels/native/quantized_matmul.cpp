@@ -235,15 +235,16 @@ void quantize_x8_portable(const float* x, int64_t ldx, int64_t M, int64_t K, int
     }
 }
 
-// form: q8_form() (2: the AVX-512 rounding into the VNNI form's groups of 4 rows, else the
-// portable one into rows).
+// form: q8_form() (2: the AVX-512 rounding into the VNNI form's groups of 4 rows, or for 1-3
+// rows into its lane layout; else the portable one into rows).
 X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int form) {
   thread_local std::vector<int8_t> rounds;
   thread_local std::vector<float> floats;
   const int64_t steps = (K + 127) / 128;
-  const bool groups = form == 2;
+  const bool groups = form == 2 && M >= 4, lanes = form == 2 && M < 4;
   const int64_t units = groups ? (M + 3) / 4 : M;  // groups of 4 rows, or rows
-  const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : 4);
+  // a group, a row of the lane layout (its d * sum(q) beside d in xd), or a row
+  const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : lanes ? 32 : 4);
   if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
   if (static_cast<int64_t>(floats.size()) < 2 * units * ldf) floats.resize(2 * units * ldf);
   int8_t* xr = rounds.data();
@@ -254,7 +255,7 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
     std::memset(xs + (units - 1) * ldf, 0, ldf * sizeof(float));
   }
   if (K % 128 != 0) {  // the last step's room past K (a group's or a row's last step)
-    const int64_t step = groups ? 512 : 128, floats = groups ? 16 : 4;
+    const int64_t step = groups ? 512 : 128, floats = groups ? 16 : lanes ? 32 : 4;
     for (int64_t u = 0; u < units; ++u) {
       std::memset(xr + u * ldr + ldr - step, 0, step);
       std::memset(xd + u * ldf + ldf - floats, 0, floats * sizeof(float));
@@ -262,7 +263,7 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
     }
   }
 #if defined(__x86_64__) || defined(_M_X64)
-  if (groups) {
+  if (form == 2) {
     q8quantize_avx512(bits, x, ldx, M, K, xr, ldr, xd, xs, ldf);
     return {xr, xd, xs, ldr, ldf};
   }
