@@ -221,6 +221,84 @@ def int8_rate(target) -> float | None:
     return rate or None
 
 
+_KERNEL_ROWS = (1, 8, 16)
+_KERNEL_BYTES = 8 << 20  # the joined product's weights: a few MB, which the caches hold
+_KERNEL_CHAIN = 8  # products evaluated together, so one evaluation's overhead is shared
+
+
+def kernel_floor(target, rounds: int = _FMA_ROUNDS) -> dict[int, float] | None:
+    """What the products of a forward over n tokens cost at least as the kernels run them, with
+    memory out of the way: the first blocks' linear layers that read the hidden state, joined
+    into one product of at most ``_KERNEL_BYTES`` (at least one layer), which stays in the
+    caches, and run the way
+    a forward runs them (``kernels.matmul`` / ``qmatmul``, int8 x where the forward rounds it),
+    ``_KERNEL_CHAIN`` products of n rows in one evaluation, the best of ``rounds`` rounds taking
+    turns over n, scaled to a token's multiply-adds; ms by n (``_KERNEL_ROWS``). Beside the FMA
+    and vpdpbusd loops' floors it counts what they leave out: unpacking the weights, rounding x,
+    the float work per block, splitting over threads (and MLX's dispatch of each product). None
+    without native blocks or where the layers differ in format."""
+    from .kernels.backend import q8_scope  # noqa: PLC0415
+    from .kernels.matmul import small_matmul  # noqa: PLC0415
+    from .kernels.qmatmul import half_scales, quantized_small_matmul, symmetric_biases  # noqa: PLC0415
+
+    model = target.model
+    if native.load() is None or not model.native_blocks():
+        return None
+    width = model.args.hidden_size
+    mods = [m for layer in model.model.layers for _, m in layer.named_modules()
+            if type(m) in (nn.Linear, nn.QuantizedLinear) and "bias" not in m]
+    quantized = [m for m in mods if type(m) is nn.QuantizedLinear]
+
+    def within_budget(ms: list) -> list:
+        kept, total = [], 0
+        for m in ms:
+            total += sum(a.nbytes for _, a in tree_flatten(m.parameters()))
+            if kept and total > _KERNEL_BYTES:
+                break
+            kept.append(m)
+        return kept
+
+    if quantized:
+        first = quantized[0]
+        mods = within_budget([m for m in quantized if m.bits == first.bits and m.mode == "affine"
+                              and m.group_size == first.group_size
+                              and m["weight"].shape[-1] * 32 // m.bits == width])
+        if not mods:
+            return None
+        wq, scales, biases = (mx.concatenate([m[n] for m in mods]) for n in ("weight", "scales",
+                                                                            "biases"))
+        sym = symmetric_biases(scales, biases, first.bits)
+        halves = half_scales(scales, biases)
+        weights = wq.size * 32 // first.bits
+
+        def product(x):
+            return quantized_small_matmul(x, wq, scales, biases, first.group_size, first.bits,
+                                          sym, halves)
+    else:
+        mods = within_budget([m for m in mods if m["weight"].dtype == mx.float32
+                              and m["weight"].shape[-1] == width])
+        if not mods:
+            return None
+        w = mx.concatenate([m["weight"] for m in mods])
+        weights = w.size
+
+        def product(x):
+            return small_matmul(x, w)
+    scale = multiply_adds_per_token(target) / weights
+    xs = {n: [mx.random.normal((1, n, width), key=mx.random.key(i)) for i in range(_KERNEL_CHAIN)]
+          for n in _KERNEL_ROWS}
+    mx.eval(xs)
+    best = {n: float("inf") for n in _KERNEL_ROWS}
+    with q8_scope(True):
+        for r in range(rounds + 1):  # the first round warms up
+            for n in _KERNEL_ROWS:
+                t = time.perf_counter()
+                mx.eval([product(x) for x in xs[n]])
+                if r:
+                    best[n] = min(best[n], (time.perf_counter() - t) / _KERNEL_CHAIN)
+    return {n: round(t * scale * 1e3, 2) for n, t in best.items()}
+
+
 def curve_verdict(ratio: float) -> str:
     """What an 8-token / 1-token forward ratio says about speculation on this machine."""
     if ratio <= FRIENDLY_RATIO:
@@ -252,7 +330,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
     decode, bandwidths = decode_and_bandwidth(Engine(target))
     bandwidth, weight_bytes = statistics.median(bandwidths), streamed_bytes(target)
     shares = [t * weight_bytes / b for t, b in zip(decode, bandwidths)]
-    rates, int8 = fma_rates(), int8_rate(target)
+    rates, int8, floor = fma_rates(), int8_rate(target), kernel_floor(target)
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -278,6 +356,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "fma_threads_ratio": None if rates is None else round(rates[2], 2),
         "kernel_threads": None if rates is None else rates[3],
         "int8_g_per_s": None if int8 is None else round(int8 / 1e9, 1),
+        "kernel_floor_ms": floor,
         "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
         "expert_read_share": _expert_read(target),
     }
@@ -349,6 +428,15 @@ def format_findings(f: dict) -> str:
             f"{8 * per:.1f} ms, 16 >= {16 * per:.1f} ms; against 1 token's bandwidth floor "
             f"({floor1:.1f} ms): 8/1 >= {max(1.0, 8 * per / floor1):.2f}x, "
             f"16/1 >= {max(1.0, 16 * per / floor1):.2f}x")
+        floor = f.get("kernel_floor_ms")
+        if floor:
+            lines.append(
+                "           the kernels themselves, their weights in cache (the first block's "
+                "largest product, scaled to a token): products of " + ", ".join(
+                    f"{n} token{'s' if n > 1 else ''} >= {ms:.1f} ms" for n, ms in floor.items())
+                + f"; 8/1 >= {max(1.0, floor[8] / floor1):.2f}x, 16/1 >= "
+                f"{max(1.0, floor[16] / floor1):.2f}x against 1 token's bandwidth floor "
+                "(unpacking, rounding x and the float work per block included)")
         threads, ratio = f["kernel_threads"], f["fma_threads_ratio"]
         shared = threads > 1 and ratio < 0.75 * threads
         lines.append(

@@ -83,7 +83,7 @@ FINDINGS = {  # what run_doctor returns, made up
     "bandwidth_limit_tok_s": 250.0, "huge_page_mb": None, "bandwidth_share_rounds": [0.4],
     "fma_g_per_s": 100.0, "fma_one_thread_g_per_s": 50.0, "fma_threads_ratio": 2.0,
     "kernel_threads": 2, "int8_g_per_s": None, "multiply_adds_per_token_m": 100.0,
-    "expert_read_share": None}
+    "expert_read_share": None, "kernel_floor_ms": None}
 
 
 def test_the_compute_floor_of_int8_products_is_the_vpdpbusd_loop():
@@ -94,6 +94,30 @@ def test_the_compute_floor_of_int8_products_is_the_vpdpbusd_loop():
     assert "100 G multiply-adds/s (FMA loop, all cores)" in floats and "8 tokens >= 8.0 ms" in floats
     assert "400 G multiply-adds/s (int8 vpdpbusd loop" in ints and "8 tokens >= 2.0 ms" in ints
     assert "one thread alone 50 G" in ints  # the FMA loop's threads line stays
+
+
+def test_the_kernels_own_floor_is_reported_against_the_bandwidth_floor():
+    """The kernels timed on cached weights: each row count's floor, and 8/1 and 16/1 against
+    one token's bandwidth floor (1000 / 250 tok/s = 4 ms here); nothing without it."""
+    text = doctor.format_findings(dict(FINDINGS, kernel_floor_ms={1: 2.0, 8: 6.0, 16: 12.0}))
+    assert "products of 1 token >= 2.0 ms, 8 tokens >= 6.0 ms, 16 tokens >= 12.0 ms" in text
+    assert "8/1 >= 1.50x, 16/1 >= 3.00x against 1 token's bandwidth floor" in text
+    assert "the kernels themselves" not in doctor.format_findings(FINDINGS)
+
+
+def test_the_kernels_floor_times_the_models_own_products(tiny_models, tmp_path):
+    """A float and a kept-quantized tiny model: a positive floor for each row count, where
+    the blocks run natively (None where they do not)."""
+    from .test_qmatmul import _quantized_copy
+
+    for target in (tiny_models.load(), doctor.load(str(_quantized_copy(tiny_models.path(),
+                                                                       tmp_path / "q")),
+                                                   dtype="auto", progress=False)):
+        floor = doctor.kernel_floor(target, rounds=1)
+        if not target.model.native_blocks():
+            assert floor is None
+            continue
+        assert set(floor) == set(doctor._KERNEL_ROWS) and all(ms > 0 for ms in floor.values())
 
 
 def test_the_vpdpbusd_loop_rate_is_plausible_or_absent():
