@@ -431,8 +431,8 @@ def format_findings(f: dict) -> str:
         floor = f.get("kernel_floor_ms")
         if floor:
             lines.append(
-                "           the kernels themselves, their weights in cache (the first block's "
-                "largest product, scaled to a token): products of " + ", ".join(
+                "           the kernels themselves, their weights in cache (the model's "
+                "hidden-width products joined into one, scaled to a token): products of " + ", ".join(
                     f"{n} token{'s' if n > 1 else ''} >= {ms:.1f} ms" for n, ms in floor.items())
                 + f"; 8/1 >= {max(1.0, floor[8] / floor1):.2f}x, 16/1 >= "
                 f"{max(1.0, floor[16] / floor1):.2f}x against 1 token's bandwidth floor "
