@@ -24,7 +24,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace edgespec_native {
 namespace {
@@ -249,9 +248,12 @@ inline __m512 block_lanes(const uint16_t* v, int64_t ldg, int64_t k, int64_t K, 
   if (K - k >= 128 && (gs == 32 || gs == 64)) {
     const int64_t g = gs == 32 ? k >> 5 : k >> 6;
     __m128i a[4];
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4; ++j) {
+      int two;  // a group of 64's step: the column's 2 scales
+      if (gs == 64) __builtin_memcpy(&two, v + j * ldg + g, sizeof(two));
       a[j] = gs == 32 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + j * ldg + g))
-                      : _mm_cvtsi32_si128(*reinterpret_cast<const int*>(v + j * ldg + g));
+                      : _mm_cvtsi32_si128(two);
+    }
     const __m128i p01 = _mm_unpacklo_epi16(a[0], a[1]), p23 = _mm_unpacklo_epi16(a[2], a[3]);
     const __m128i lo = _mm_unpacklo_epi32(p01, p23);  // groups 0, 1 of the 4 columns
     if (gs == 64)  // blocks 0, 1 in group 0; 2, 3 in group 1
