@@ -77,6 +77,30 @@ def test_every_row_count_gives_each_row_its_bits_alone(mod, bits, group_size):  
     assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k", [96, 224, 352])
+def test_tails_of_one_to_three_blocks_give_each_row_its_bits(mod, bits, k):  # noqa: F811
+    """K below one 128-value step, and one or two whole steps then 96 values (groups of 32):
+    every row count 1..9 against each row alone, on each ISA, and the ISAs against each other."""
+    rng = np.random.default_rng(bits * 10 + k)
+    q = _quantized(rng, 13, k, 32, bits)
+    x = mx.array(rng.standard_normal((9, k), dtype=np.float32))
+    before, per_isa = mod.isa(), []
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            alone = mx.concatenate([quantized_small_matmul_native(x[r:r + 1], *q, 32, bits, q8=True)
+                                    for r in range(9)])
+            for m in range(1, 10):
+                y = quantized_small_matmul_native(x[:m], *q, 32, bits, q8=True)
+                assert mx.array_equal(y, alone[:m]).item(), (isa, m)
+            _within_twin(alone, x, q, 32, bits)
+            per_isa.append(alone)
+    finally:
+        mod.set_isa(before)
+    assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_shapes_scales_and_threads_within_the_twin(mod, seed):  # noqa: F811
     """Random shapes (columns in many chunks over the pool's threads, ragged blocks) and x
@@ -125,16 +149,22 @@ def test_symmetric_biases_made_from_the_scales_give_the_same_bits(mod, bits, gro
         mod.set_isa(before)
 
 
-def test_a_non_finite_value_gives_nan_in_its_row_only(mod):  # noqa: F811
-    q = _quantized(np.random.default_rng(6), 8, 128, 32, 4)
-    xn = np.random.default_rng(7).standard_normal((3, 128), dtype=np.float32)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [3, 6])
+def test_a_non_finite_value_gives_nan_in_its_row_only(mod, bits, rows):  # noqa: F811
+    """Rows 1 and 2 hold a NaN and an infinity; the others stay finite (3 rows: the one-to-three
+    kernel; 6: a padded group of four)."""
+    q = _quantized(np.random.default_rng(6), 8, 128, 32, bits)
+    xn = np.random.default_rng(7).standard_normal((rows, 128), dtype=np.float32)
     xn[1, 40], xn[2, 70] = np.nan, np.inf
+    bad = np.zeros(rows, dtype=bool)
+    bad[1:3] = True
     before = mod.isa()
     try:
         for isa in _int8_isas(mod):
             mod.set_isa(isa)
-            y = np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, 4, q8=True))
-            assert np.isfinite(y[0]).all() and np.isnan(y[1:]).all(), isa
+            y = np.array(quantized_small_matmul_native(mx.array(xn), *q, 32, bits, q8=True))
+            assert np.isfinite(y[~bad]).all() and np.isnan(y[bad]).all(), isa
     finally:
         mod.set_isa(before)
 

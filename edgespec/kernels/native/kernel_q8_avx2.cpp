@@ -1,8 +1,9 @@
 // The int8-activation form of kernel_q.h's product on AVX2, compiled with -mavx2 -mfma -mf16c only
-// (see kernel.h for why the ISA files include nothing else): kernel_q8_avx512.cpp's scheme on
-// 256-bit vectors, the 4 columns as two pairs, one after the other, with 8-lane accumulators
-// (lane (column, block)), so every lane takes the same float operations in the same order as there:
-// the same bits as the AVX-512 VNNI form. The rounds come from 16-byte loads of each block of
+// (see kernel.h for why the ISA files include nothing else): the 4 columns as two pairs, one
+// after the other, with 8-lane accumulators (lane (column, block)), every (row, column, block)
+// taking the float operations kernel_q8_avx512.cpp's kernels take, in their order (its lanes
+// differ: (row, block) for 4 rows or more, (block, column) below): the same bits as the
+// AVX-512 VNNI form. The rounds come from 16-byte loads of each block of
 // the pair's columns and a 4 x 4 dword transpose per 128-bit lane.
 //
 // Integer dots without VNNI: vpmaddubsw (u8 x s8, pairs summed into saturating int16) then

@@ -319,9 +319,7 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
     const __m512 t =
         _mm512_add_ps(acc[i], _mm512_shuffle_f32x4(acc[i], acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
     const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-    alignas(64) float out[16];
-    _mm512_store_ps(out, u);
-    for (int j = 0; j < nc; ++j) y[i * ldy + j] = out[j];
+    _mm512_mask_storeu_ps(y + i * ldy, __mmask16((1u << nc) - 1), u);  // lanes 0..nc-1
   }
 }
 

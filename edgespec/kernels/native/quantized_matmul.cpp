@@ -246,9 +246,10 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   // a group, a row of the lane layout (its d * sum(q) beside d in xd), or a row
   const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : lanes ? 32 : 4);
   if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
-  if (static_cast<int64_t>(floats.size()) < 2 * units * ldf) floats.resize(2 * units * ldf);
+  const int64_t halves = lanes ? 1 : 2;  // the lane layout keeps d * sum(q) in xd's steps
+  if (static_cast<int64_t>(floats.size()) < halves * units * ldf) floats.resize(halves * units * ldf);
   int8_t* xr = rounds.data();
-  float *xd = floats.data(), *xs = xd + units * ldf;
+  float *xd = floats.data(), *xs = lanes ? nullptr : xd + units * ldf;
   if (groups && M > 4 && M % 4 != 0) {  // the rows past M of a last group it computes
     std::memset(xr + (units - 1) * ldr, 0, ldr);
     std::memset(xd + (units - 1) * ldf, 0, ldf * sizeof(float));
@@ -259,7 +260,7 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
     for (int64_t u = 0; u < units; ++u) {
       std::memset(xr + u * ldr + ldr - step, 0, step);
       std::memset(xd + u * ldf + ldf - floats, 0, floats * sizeof(float));
-      std::memset(xs + u * ldf + ldf - floats, 0, floats * sizeof(float));
+      if (xs != nullptr) std::memset(xs + u * ldf + ldf - floats, 0, floats * sizeof(float));
     }
   }
 #if defined(__x86_64__) || defined(_M_X64)
