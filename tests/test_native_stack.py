@@ -169,3 +169,33 @@ def test_the_stack_rounds_x_as_the_per_layer_path_inside_any_scope(mod, tiny_mod
     target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q"), dtype="auto")
     with backend.q8_scope(False):
         _assert_same(*_both_paths(target, monkeypatch))
+
+
+def test_layers_of_different_key_shapes_run_one_block_a_layer_with_the_same_bits(mod, tiny_models):
+    """A stack whose layers differ in kv heads (the one-operation form needs one key/value
+    shape) gives what its layers give as one-layer stacks, one after the other."""
+    a = load_target(tiny_models.path(layers=1, kv_heads=2), dtype="float32")
+    b = load_target(tiny_models.path(layers=1, kv_heads=1), dtype="float32")
+    fused = [a.model.model.layers[0]._fused, b.model.model.layers[0]._fused]
+    shapes = [f.native_shape for f in fused]
+    assert shapes[0][2] != shapes[1][2]  # (hidden, heads, kv_heads, ...)
+    stack = mod.DecoderStack([f.native_args for f in fused], shapes)
+    rng = np.random.default_rng(3)
+    x = mx.array(rng.standard_normal((1, 3, a.args.hidden_size), dtype=np.float32))
+    anc = mx.array(np.array([[1, 0], [3, 0], [7, 0]], dtype=np.uint32))
+    qpos = mx.array(np.arange(5, 8, dtype=np.int32))
+
+    def buffers(shape):
+        kv = mx.array(rng.standard_normal((1, shape[2], 16, shape[3]), dtype=np.float32))
+        return kv, kv * 0.5
+
+    kvs = [buffers(s) for s in shapes]
+    out, keys, values, _ = stack.forward(x, [k for k, _ in kvs], [v for _, v in kvs], [anc] * 2,
+                                         [qpos] * 2, [5, 5], [0, 0], [0, 0], False, [])
+    h = x
+    for i, f in enumerate(fused):
+        one = mod.DecoderStack([f.native_args], [shapes[i]])
+        h, k1, v1, _ = one.forward(h, [kvs[i][0]], [kvs[i][1]], [anc], [qpos], [5], [0], [0],
+                                   False, [])
+        assert mx.array_equal(k1[0], keys[i]).item() and mx.array_equal(v1[0], values[i]).item()
+    assert mx.array_equal(h, out).item()

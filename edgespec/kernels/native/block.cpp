@@ -316,8 +316,21 @@ void silu_libm(const float* gate, const float* up, float* act, int64_t n) {
   for (int64_t i = done; i < n; ++i) one(i);
 }
 
-std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
-                                        const std::vector<SegmentSpec>& segs) {
+// How many inputs a block op takes before its second sequence's keys and values.
+size_t weights_end_of(const BlockShape& s) {
+  size_t end = WEIGHTS;
+  for (const auto& q : s.quant) end += q[1] ? 3 : 1;
+  return end;
+}
+
+BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs,
+                   const std::vector<mx::array>& given, bool x_given,
+                   mx::cpu::CommandEncoder& encoder, float* out, std::vector<float*> k_out,
+                   std::vector<float*> v_out);
+
+// decoder_block_op's checks of its inputs; the stream the block runs on.
+mx::Stream check_block(const std::vector<mx::array>& in, const BlockShape& s,
+                       const std::vector<SegmentSpec>& segs) {
   const int H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
   const int K = s.dual ? 2 * H : H;  // x's width
@@ -390,9 +403,17 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
   check(!s.q8 || has_q8_activations(), "int8 activations need AVX-512 VNNI code");
   auto st = mx::to_stream(mx::StreamOrDevice{});
   if (st.device.type != mx::Device::cpu) st = mx::to_stream(mx::Device::cpu);
+  return st;
+}
+
+std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
+                                        const std::vector<SegmentSpec>& segs) {
+  const mx::Stream st = check_block(in, s, segs);
+  const int H = s.hidden, D = s.head_dim;
+  const size_t weights_end = weights_end_of(s);
   // No contiguous() around the small inputs: it adds an operation each (9 a layer) even when
   // they already are; eval_cpu copies any that is not.
-  mx::Shape out_shape = x.shape();
+  mx::Shape out_shape = in[X].shape();
   out_shape.back() = H;
   std::vector<mx::Shape> shapes{out_shape};
   for (const auto& g : segs)
@@ -436,26 +457,132 @@ StackOut DecoderStack::forward(
     check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
           "capture takes increasing layer ids from 0 to the layer count");
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
-  StackOut r{x0, {}, {}, {}};
-  r.keys.reserve(L);
-  r.values.reserve(L);
-  std::vector<mx::array> arrays;
+  bool alike = true;  // one key/value shape for every layer: DecoderBlocks' one output holds them
+  for (const auto& s : shapes_)
+    alike = alike && s.hidden == shapes_[0].hidden && s.kv_heads == shapes_[0].kv_heads &&
+            s.head_dim == shapes_[0].head_dim;
+  if (!alike) {  // one DecoderBlock a layer
+    StackOut r{x0, {}, {}, {}};
+    std::vector<mx::array> arrays;
+    for (size_t i = 0; i < L; ++i) {
+      if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
+        r.captured.push_back(r.out);
+      arrays.clear();
+      arrays.insert(arrays.end(), {r.out, keys[i], values[i], anc[i], qpos[i]});
+      arrays.insert(arrays.end(), args_[i].begin(), args_[i].end());
+      BlockShape s = shapes_[i];
+      s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
+      auto out = decoder_block_op(arrays, s, {{rows, slots[i], key_starts[i], windows[i]}});
+      r.out = out[0];
+      r.keys.push_back(out[1]);
+      r.values.push_back(out[2]);
+    }
+    if (r.captured.size() < capture.size()) r.captured.push_back(r.out);  // capture == L
+    return r;
+  }
+  // Every layer's inputs checked as its own block would check them; then one operation
+  std::vector<mx::array> inputs{x0};
+  std::vector<BlockShape> shapes;
+  std::vector<SegmentSpec> segs;
+  mx::Shape out_shape = x0.shape();
+  if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
+  std::vector<mx::Shape> out_shapes{out_shape};
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
   for (size_t i = 0; i < L; ++i) {
-    if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
-      r.captured.push_back(r.out);
-    arrays.clear();
-    arrays.reserve(5 + args_[i].size());
-    arrays.insert(arrays.end(), {r.out, keys[i], values[i], anc[i], qpos[i]});
-    arrays.insert(arrays.end(), args_[i].begin(), args_[i].end());
     BlockShape s = shapes_[i];
     s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
-    auto out = decoder_block_op(arrays, s, {{rows, slots[i], key_starts[i], windows[i]}});
-    r.out = out[0];
-    r.keys.push_back(out[1]);
-    r.values.push_back(out[2]);
+    const SegmentSpec g{rows, slots[i], key_starts[i], windows[i]};
+    std::vector<mx::array> block{x0, keys[i], values[i], anc[i], qpos[i]};
+    block.insert(block.end(), args_[i].begin(), args_[i].end());
+    st = check_block(block, s, {g});
+    inputs.insert(inputs.end(), block.begin() + 1, block.end());
+    shapes.push_back(s);
+    segs.push_back(g);
   }
-  if (r.captured.size() < capture.size()) r.captured.push_back(r.out);  // capture == L
+  out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
+  std::vector<int> inner;  // capture points inside the stack: their hidden states are outputs
+  for (int c : capture)
+    if (c > 0 && size_t(c) < L) {
+      inner.push_back(c);
+      out_shapes.push_back(out_shape);
+    }
+  auto outs = mx::array::make_arrays(
+      out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
+      std::make_shared<DecoderBlocks>(st, shapes, segs, inner), inputs);
+  // The new rows into the cache buffers by slice updates, as decoder_block_op puts them
+  StackOut r{outs[0], {}, {}, {}};
+  r.keys.reserve(L);
+  r.values.reserve(L);
+  for (size_t i = 0; i < L; ++i) {
+    const int n = static_cast<int>(rows), at = static_cast<int>(slots[i]);
+    const mx::Shape start{0, 0, at, 0}, stop{1, shapes[i].kv_heads, at + n, shapes[i].head_dim};
+    const int kvh = shapes[i].kv_heads, D = shapes[i].head_dim, j = 2 * int(i);
+    const auto k_new = mx::slice(outs[1], {j, 0, 0, 0}, {j + 1, kvh, n, D}, st);
+    const auto v_new = mx::slice(outs[1], {j + 1, 0, 0, 0}, {j + 2, kvh, n, D}, st);
+    r.keys.push_back(mx::slice_update(keys[i], k_new, start, stop, st));
+    r.values.push_back(mx::slice_update(values[i], v_new, start, stop, st));
+  }
+  size_t k = 0;
+  for (int c : capture)
+    r.captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[2 + k++]);
   return r;
+}
+
+void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
+                             std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : given) encoder.set_input_array(a);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+  const size_t L = shapes_.size();
+  const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0].rows * shapes_[0].head_dim;
+  const int64_t n = given[0].shape(-2) * shapes_[0].hidden;
+  float* kv = outputs[1].data<float>();
+  std::vector<BlockJob> jobs;
+  jobs.reserve(L);
+  std::vector<float*> captures(L, nullptr);
+  size_t at = 1, c = 0;
+  for (size_t i = 0; i < L; ++i) {
+    const size_t count = weights_end_of(shapes_[i]) - 1;
+    std::vector<mx::array> block{given[0]};
+    block.insert(block.end(), given.begin() + at, given.begin() + at + count);
+    at += count;
+    jobs.push_back(block_job(shapes_[i], {segs_[i]}, block, i == 0, encoder, nullptr,
+                             {kv + (2 * i) * per}, {kv + (2 * i + 1) * per}));
+    if (c < capture_.size() && size_t(capture_[c]) == i) captures[i] = outputs[2 + c++].data<float>();
+  }
+  encoder.dispatch([jobs = std::move(jobs), captures = std::move(captures),
+                    out = outputs[0].data<float>(), n]() mutable {
+    thread_local std::vector<float> between;
+    if (static_cast<int64_t>(between.size()) < 2 * n) between.resize(2 * n);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (i > 0) jobs[i].x = between.data() + ((i - 1) % 2) * n;
+      jobs[i].out = i + 1 == jobs.size() ? out : between.data() + (i % 2) * n;
+      if (captures[i] != nullptr) std::memcpy(captures[i], jobs[i].x, n * sizeof(float));
+      run_block(jobs[i]);
+    }
+  });
+}
+
+void DecoderBlocks::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("EdgespecDecoderBlocks has no GPU form; the FusedBlock path runs there");
+}
+
+bool DecoderBlocks::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const DecoderBlocks&>(other);
+  return shapes_ == o.shapes_ && segs_ == o.segs_ && capture_ == o.capture_;
+}
+
+std::vector<mx::Shape> DecoderBlocks::output_shapes(const std::vector<mx::array>& in) {
+  mx::Shape out = in[0].shape();
+  out.back() = shapes_[0].hidden;
+  std::vector<mx::Shape> shapes{out};
+  shapes.push_back({int(2 * shapes_.size()), shapes_[0].kv_heads, int(segs_[0].rows),
+                    shapes_[0].head_dim});
+  for (size_t c = 0; c < capture_.size(); ++c) shapes.push_back(out);
+  return shapes;
 }
 
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
@@ -473,17 +600,21 @@ bool DecoderBlock::is_equivalent(const mx::Primitive& other) const {
   return shape_ == o.shape_ && segs_ == o.segs_;
 }
 
-void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
-                            std::vector<mx::array>& outputs) {
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : given) encoder.set_input_array(a);
-  size_t weights_end = WEIGHTS;
-  for (const auto& q : shape_.quant) weights_end += q[1] ? 3 : 1;
+// The job of one block over a block op's inputs (given; X's data is not read where x_given is
+// false: the stack puts the layer before's output there), its outputs at out and at each
+// sequence's k_out / v_out. Small inputs that are not readable as they are get a copy made by a
+// task on the stream, held by the encoder.
+BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs,
+                   const std::vector<mx::array>& given, bool x_given,
+                   mx::cpu::CommandEncoder& encoder, float* out, std::vector<float*> k_out,
+                   std::vector<float*> v_out) {
+  const size_t weights_end = weights_end_of(shape);
   // The small inputs row-contiguous (the weights were checked), the caches with a contiguous
   // last axis: they are read through their other strides (a sliding window's compacted cache
   // is a view); no KVCache makes one whose head_dim axis is strided, but a view could.
   std::vector<mx::array> inputs = given;
-  std::vector<int> small{X, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES};
+  std::vector<int> small{ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES};
+  if (x_given) small.push_back(X);
   for (size_t i = weights_end; i < inputs.size(); ++i) small.push_back(static_cast<int>(i));
   for (int i : small) {
     const bool cache = i == KEYS || i == VALUES || i >= static_cast<int>(weights_end);
@@ -493,42 +624,54 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
       encoder.add_temporary(inputs[i]);
     }
   }
-  for (auto& o : outputs) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    encoder.set_output_array(o);
-  }
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
-  BlockJob job{shape_, int64_t(inputs[X].shape(-2)), shape_.q8,
-               ptr(X), ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU), ptr(BD), {},
-               inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(), {},
-               outputs[0].data<float>(), {}, {}};
+  BlockJob job{shape, int64_t(inputs[X].shape(-2)), shape.q8,
+               x_given ? ptr(X) : nullptr, ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU),
+               ptr(BD), {}, inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(), {},
+               out, std::move(k_out), std::move(v_out)};
   int64_t row0 = 0;
-  for (size_t g = 0; g < segs_.size(); ++g) {
+  for (size_t g = 0; g < segs.size(); ++g) {
     const auto& k = inputs[g ? weights_end + 2 * (g - 1) : KEYS];
     const auto& v = inputs[g ? weights_end + 2 * (g - 1) + 1 : VALUES];
     const auto &ks = k.strides(), &vs = v.strides();
-    job.segs.push_back({row0, segs_[g].rows, segs_[g].slots, segs_[g].key_start,
-                        segs_[g].window, k.data<float>(), v.data<float>(), int64_t(ks[1]),
+    job.segs.push_back({row0, segs[g].rows, segs[g].slots, segs[g].key_start,
+                        segs[g].window, k.data<float>(), v.data<float>(), int64_t(ks[1]),
                         int64_t(ks[2]), int64_t(vs[1]), int64_t(vs[2])});
-    row0 += segs_[g].rows;
-    job.k_out.push_back(outputs[1 + 2 * g].data<float>());
-    job.v_out.push_back(outputs[2 + 2 * g].data<float>());
+    row0 += segs[g].rows;
   }
   for (int p = 0, at = WEIGHTS; p < 4; ++p) {
     Weights& w = job.w[p];
-    if (shape_.quant[p][1] == 0) {
+    if (shape.quant[p][1] == 0) {
       w.w = inputs[at++].data<float>();
     } else {
       w.wq = inputs[at].data<uint32_t>();
       w.scales = inputs[at + 1].data<void>();
       w.biases = inputs[at + 2].data<void>();
       w.half = inputs[at + 1].dtype() == mx::float16;
-      w.group_size = shape_.quant[p][0];
-      w.bits = shape_.quant[p][1];
-      w.symmetric = shape_.quant[p][2] != 0;
+      w.group_size = shape.quant[p][0];
+      w.bits = shape.quant[p][1];
+      w.symmetric = shape.quant[p][2] != 0;
       at += 3;
     }
   }
+  return job;
+}
+
+void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
+                            std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : given) encoder.set_input_array(a);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+  std::vector<float*> k_out, v_out;
+  for (size_t g = 0; g < segs_.size(); ++g) {
+    k_out.push_back(outputs[1 + 2 * g].data<float>());
+    v_out.push_back(outputs[2 + 2 * g].data<float>());
+  }
+  BlockJob job = block_job(shape_, segs_, given, true, encoder, outputs[0].data<float>(),
+                           std::move(k_out), std::move(v_out));
   encoder.dispatch([job = std::move(job)]() { run_block(job); });
 }
 

@@ -99,6 +99,33 @@ class DecoderStack {
   std::vector<BlockShape> shapes_;
 };
 
+// A DecoderStack forward's blocks as one operation and one task on the stream: the same bits
+// as one DecoderBlock a layer, without MLX scheduling 30 operations and releasing their inputs
+// between the blocks. Inputs: x, then each layer's block inputs after x (keys, values, anc,
+// qpos, inv_freq, n1, n2, bqkv, bgu, bd, its weights; one sequence). Outputs: the last block's
+// output; every layer's new keys and values in one array (2 layers, kv_heads, rows, head_dim:
+// layer i's keys at 2i, values at 2i + 1; one array, because MLX holds an operation's inputs
+// once per output, and 600 inputs times 61 outputs cost more than the blocks saved); then the
+// hidden state before each layer of `capture` (inside the stack: 0 < c < layers). Layers must
+// share their key/value shape (DecoderStack runs one DecoderBlock a layer otherwise).
+class DecoderBlocks : public mx::Primitive {
+ public:
+  DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes, std::vector<SegmentSpec> segs,
+                std::vector<int> capture)
+      : mx::Primitive(stream), shapes_(std::move(shapes)), segs_(std::move(segs)),
+        capture_(std::move(capture)) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "EdgespecDecoderBlocks"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  std::vector<BlockShape> shapes_;
+  std::vector<SegmentSpec> segs_;
+  std::vector<int> capture_;
+};
+
 class DecoderBlock : public mx::Primitive {
  public:
   DecoderBlock(mx::Stream stream, BlockShape shape, std::vector<SegmentSpec> segs)
