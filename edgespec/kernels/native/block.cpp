@@ -406,6 +406,30 @@ mx::Stream check_block(const std::vector<mx::array>& in, const BlockShape& s,
   return st;
 }
 
+namespace {
+
+// `rows` (1, kv_heads, n, head_dim) written into the cache buffer `cache` from row `slots` on,
+// by MLX's slice update: in place when the buffer is the cache's alone (the KVCache has let go
+// of it, nothing views it), else a copy. A block's own outputs could not write there: MLX holds
+// a multi-output operation's inputs once per output, so its inputs are never donatable.
+mx::array into_cache(const mx::array& cache, const mx::array& rows, int64_t slots, mx::Stream st) {
+  const int at = static_cast<int>(slots);
+  const mx::Shape start{0, 0, at, 0}, stop{1, rows.shape(1), at + rows.shape(2), rows.shape(3)};
+  return mx::slice_update(cache, rows, start, stop, st);
+}
+
+// Binds an operation's inputs and newly allocated outputs to the stream's command encoder.
+void bind_arrays(mx::cpu::CommandEncoder& encoder, const std::vector<mx::array>& inputs,
+                 std::vector<mx::array>& outputs) {
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+}
+
+}  // namespace
+
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const BlockShape& s,
                                         const std::vector<SegmentSpec>& segs) {
   const mx::Stream st = check_block(in, s, segs);
@@ -420,17 +444,11 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
     for (int kv = 0; kv < 2; ++kv) shapes.push_back({1, s.kv_heads, int(g.rows), D});
   auto outs = mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), mx::float32),
                                      std::make_shared<DecoderBlock>(st, s, segs), in);
-  // The new rows go into the cache buffers by MLX's slice update, which writes them in place
-  // when the buffer is the cache's alone (the KVCache has let go of it, nothing views it) and
-  // copies it otherwise. The block's own outputs could not do that: MLX holds a multi-output
-  // operation's inputs once per output, so its inputs are never donatable.
-  std::vector<mx::array> result{outs[0]};
+  std::vector<mx::array> result{outs[0]};  // the new rows into the caches (into_cache)
   for (size_t g = 0; g < segs.size(); ++g) {
-    const int n = static_cast<int>(segs[g].rows), slots = static_cast<int>(segs[g].slots);
     const size_t ki = g ? weights_end + 2 * (g - 1) : KEYS;
-    const mx::Shape start{0, 0, slots, 0}, stop{1, s.kv_heads, slots + n, D};
-    result.push_back(mx::slice_update(in[ki], outs[1 + 2 * g], start, stop, st));
-    result.push_back(mx::slice_update(in[ki + 1], outs[2 + 2 * g], start, stop, st));
+    result.push_back(into_cache(in[ki], outs[1 + 2 * g], segs[g].slots, st));
+    result.push_back(into_cache(in[ki + 1], outs[2 + 2 * g], segs[g].slots, st));
   }
   return result;
 }
@@ -457,22 +475,28 @@ StackOut DecoderStack::forward(
     check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
           "capture takes increasing layer ids from 0 to the layer count");
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
+  std::vector<BlockShape> shapes;  // each layer's, int8 activations for a quantized layer only
+  std::vector<SegmentSpec> segs;
   bool alike = true;  // one key/value shape for every layer: DecoderBlocks' one output holds them
-  for (const auto& s : shapes_)
+  for (size_t i = 0; i < L; ++i) {
+    BlockShape s = shapes_[i];
+    s.q8 = q8 && s.quant[0][1] != 0;
+    shapes.push_back(s);
+    segs.push_back({rows, slots[i], key_starts[i], windows[i]});
     alike = alike && s.hidden == shapes_[0].hidden && s.kv_heads == shapes_[0].kv_heads &&
             s.head_dim == shapes_[0].head_dim;
+  }
+  auto block_inputs = [&](size_t i, const mx::array& x) {  // layer i's DecoderBlock inputs
+    std::vector<mx::array> in{x, keys[i], values[i], anc[i], qpos[i]};
+    in.insert(in.end(), args_[i].begin(), args_[i].end());
+    return in;
+  };
   if (!alike) {  // one DecoderBlock a layer
     StackOut r{x0, {}, {}, {}};
-    std::vector<mx::array> arrays;
     for (size_t i = 0; i < L; ++i) {
       if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
         r.captured.push_back(r.out);
-      arrays.clear();
-      arrays.insert(arrays.end(), {r.out, keys[i], values[i], anc[i], qpos[i]});
-      arrays.insert(arrays.end(), args_[i].begin(), args_[i].end());
-      BlockShape s = shapes_[i];
-      s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
-      auto out = decoder_block_op(arrays, s, {{rows, slots[i], key_starts[i], windows[i]}});
+      auto out = decoder_block_op(block_inputs(i, r.out), shapes[i], {segs[i]});
       r.out = out[0];
       r.keys.push_back(out[1]);
       r.values.push_back(out[2]);
@@ -482,22 +506,14 @@ StackOut DecoderStack::forward(
   }
   // Every layer's inputs checked as its own block would check them; then one operation
   std::vector<mx::array> inputs{x0};
-  std::vector<BlockShape> shapes;
-  std::vector<SegmentSpec> segs;
   mx::Shape out_shape = x0.shape();
   if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
   std::vector<mx::Shape> out_shapes{out_shape};
   mx::Stream st = mx::to_stream(mx::Device::cpu);
   for (size_t i = 0; i < L; ++i) {
-    BlockShape s = shapes_[i];
-    s.q8 = q8 && s.quant[0][1] != 0;  // int8 activations for a quantized layer only
-    const SegmentSpec g{rows, slots[i], key_starts[i], windows[i]};
-    std::vector<mx::array> block{x0, keys[i], values[i], anc[i], qpos[i]};
-    block.insert(block.end(), args_[i].begin(), args_[i].end());
-    st = check_block(block, s, {g});
+    const auto block = block_inputs(i, x0);
+    st = check_block(block, shapes[i], {segs[i]});
     inputs.insert(inputs.end(), block.begin() + 1, block.end());
-    shapes.push_back(s);
-    segs.push_back(g);
   }
   out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
   std::vector<int> inner;  // capture points inside the stack: their hidden states are outputs
@@ -509,18 +525,17 @@ StackOut DecoderStack::forward(
   auto outs = mx::array::make_arrays(
       out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
       std::make_shared<DecoderBlocks>(st, shapes, segs, inner), inputs);
-  // The new rows into the cache buffers by slice updates, as decoder_block_op puts them
+  // Layer i's new keys (2i) and values (2i + 1) into its caches, as decoder_block_op puts them
   StackOut r{outs[0], {}, {}, {}};
   r.keys.reserve(L);
   r.values.reserve(L);
+  const int n = static_cast<int>(rows), kvh = shapes_[0].kv_heads, D = shapes_[0].head_dim;
   for (size_t i = 0; i < L; ++i) {
-    const int n = static_cast<int>(rows), at = static_cast<int>(slots[i]);
-    const mx::Shape start{0, 0, at, 0}, stop{1, shapes[i].kv_heads, at + n, shapes[i].head_dim};
-    const int kvh = shapes[i].kv_heads, D = shapes[i].head_dim, j = 2 * int(i);
-    const auto k_new = mx::slice(outs[1], {j, 0, 0, 0}, {j + 1, kvh, n, D}, st);
-    const auto v_new = mx::slice(outs[1], {j + 1, 0, 0, 0}, {j + 2, kvh, n, D}, st);
-    r.keys.push_back(mx::slice_update(keys[i], k_new, start, stop, st));
-    r.values.push_back(mx::slice_update(values[i], v_new, start, stop, st));
+    const int j = 2 * static_cast<int>(i);
+    r.keys.push_back(into_cache(keys[i], mx::slice(outs[1], {j, 0, 0, 0}, {j + 1, kvh, n, D}, st),
+                                slots[i], st));
+    r.values.push_back(into_cache(
+        values[i], mx::slice(outs[1], {j + 1, 0, 0, 0}, {j + 2, kvh, n, D}, st), slots[i], st));
   }
   size_t k = 0;
   for (int c : capture)
@@ -531,11 +546,7 @@ StackOut DecoderStack::forward(
 void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
                              std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : given) encoder.set_input_array(a);
-  for (auto& o : outputs) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    encoder.set_output_array(o);
-  }
+  bind_arrays(encoder, given, outputs);
   const size_t L = shapes_.size();
   const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0].rows * shapes_[0].head_dim;
   const int64_t n = given[0].shape(-2) * shapes_[0].hidden;
@@ -660,11 +671,7 @@ BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs
 void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : given) encoder.set_input_array(a);
-  for (auto& o : outputs) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    encoder.set_output_array(o);
-  }
+  bind_arrays(encoder, given, outputs);
   std::vector<float*> k_out, v_out;
   for (size_t g = 0; g < segs_.size(); ++g) {
     k_out.push_back(outputs[1 + 2 * g].data<float>());
