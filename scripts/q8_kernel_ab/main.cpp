@@ -9,14 +9,13 @@
 // variant's median ms and the median of the per-round new/base ratios. Exits 1 when the two
 // variants' outputs differ in any bit. See scripts/q8_kernel_ab.sh.
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "pool.h"
+#include "../kernel_ab/ab_pair.h"
 
 using QuantizeFn = void (*)(int, const float*, int64_t, int64_t, int64_t, int8_t*, int64_t,
                             float*, float*, int64_t);
@@ -36,10 +35,6 @@ EDGESPEC_AB_VARIANT(base)
 EDGESPEC_AB_VARIANT(fresh)
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 constexpr int64_t kGroup = 32;
 
@@ -80,15 +75,6 @@ void product(QuantizeFn quantize, Q8RowsFn fn, const float* x, const Weight& w, 
   const int64_t rows = std::max<int64_t>(4, (32 * 1024 / w.K + 3) / 4 * 4);
   Job j{fn, xr.data(), xf.data(), xf.data() + units * ldf, ldr, ldf, w, y, M, rows};
   edgespec_native::Pool::get().run(run_chunk, &j, (w.N + rows - 1) / rows);
-}
-
-uint64_t checksum(const float* p, int64_t n, uint64_t h) {  // FNV-1a over the bits
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, p + i, 4);
-    h = (h ^ u) * 1099511628211ULL;
-  }
-  return h;
 }
 
 uint16_t* halves(int64_t n, int seed, uint16_t base) {  // float16 numbers near 2^-7 (or -2^-7)
@@ -133,36 +119,10 @@ int main(int argc, char** argv) {
   auto forward = [&](int v, uint64_t* sum) {
     for (const Weight& w : ws) {
       product(quantize[v], fns[v], x.data(), w, y.data(), M, xr, xf);
-      if (sum) *sum = checksum(y.data(), M * w.N, *sum);
+      if (sum) *sum = ab::checksum(y.data(), M * w.N, *sum);
     }
   };
-  uint64_t sums[2] = {0, 0};
-  for (int v = 0; v < 2; ++v) forward(v, &sums[v]);  // also warms the pool and the pages
-  if (sums[0] != sums[1]) {
-    std::printf("%3ld rows: the variants' outputs differ in their bits\n", static_cast<long>(M));
-    return 1;
-  }
-  std::vector<double> t[2];
-  for (int r = 0; r < rounds; ++r)
-    for (int i = 0; i < 2; ++i) {
-      const int v = (i + r) % 2;  // the order alternates from round to round
-      const double t0 = now();
-      forward(v, nullptr);
-      t[v].push_back((now() - t0) * 1e3);
-    }
-  std::vector<double> ratio;
-  int faster = 0;
-  for (int r = 0; r < rounds; ++r) {
-    ratio.push_back(t[1][r] / t[0][r]);
-    faster += t[1][r] < t[0][r];
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t h = v.size() / 2;
-    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-  };
-  std::printf("%3ld rows, %d-bit: base %6.2f ms  new %6.2f ms  new/base %.3f "
-              "(new faster in %d of %d rounds)\n",
-              static_cast<long>(M), bits, median(t[0]), median(t[1]), median(ratio), faster,
-              rounds);
+  char label[32];
+  std::snprintf(label, sizeof label, "%3ld rows, %d-bit", static_cast<long>(M), bits);
+  return ab::compare_pair(forward, rounds, label);
 }
