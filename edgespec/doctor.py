@@ -41,9 +41,10 @@ from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
 from .kernels import native
-from .kernels.backend import metal_summary, native_summary, q8_form_runs
+from .kernels.backend import metal_summary, native_summary, q8_form_runs, q8_scope
 from .kernels.fused_block import STREAMED
-from .kernels.matmul import halves, symmetric
+from .kernels.matmul import halves, small_matmul, symmetric
+from .kernels.qmatmul import half_scales, quantized_small_matmul, symmetric_biases
 from .loading._blas import blas_info
 from .engine import Engine
 from .stats import phrase
@@ -226,21 +227,17 @@ _KERNEL_BYTES = 8 << 20  # the joined product's weights: a few MB, which the cac
 _KERNEL_CHAIN = 8  # products evaluated together, so one evaluation's overhead is shared
 
 
-def kernel_floor(target, rounds: int = _FMA_ROUNDS) -> dict[int, float] | None:
+def kernel_floor(target, multiply_adds: int, rounds: int = _FMA_ROUNDS) -> dict[int, float] | None:
     """What the products of a forward over n tokens cost at least as the kernels run them, with
     memory out of the way: the first blocks' linear layers that read the hidden state, joined
     into one product of at most ``_KERNEL_BYTES`` (at least one layer), which stays in the
-    caches, and run the way
-    a forward runs them (``kernels.matmul`` / ``qmatmul``, int8 x where the forward rounds it),
-    ``_KERNEL_CHAIN`` products of n rows in one evaluation, the best of ``rounds`` rounds taking
-    turns over n, scaled to a token's multiply-adds; ms by n (``_KERNEL_ROWS``). Beside the FMA
-    and vpdpbusd loops' floors it counts what they leave out: unpacking the weights, rounding x,
-    the float work per block, splitting over threads (and MLX's dispatch of each product). None
-    without native blocks or where the layers differ in format."""
-    from .kernels.backend import q8_scope  # noqa: PLC0415
-    from .kernels.matmul import small_matmul  # noqa: PLC0415
-    from .kernels.qmatmul import half_scales, quantized_small_matmul, symmetric_biases  # noqa: PLC0415
-
+    caches, and run the way a forward runs them (``kernels.matmul`` / ``qmatmul``, int8 x where
+    the forward rounds it), ``_KERNEL_CHAIN`` products of n rows in one evaluation, the best of
+    ``rounds`` rounds taking turns over n, scaled to ``multiply_adds`` (a token's:
+    ``multiply_adds_per_token``); ms by n (``_KERNEL_ROWS``). Beside the FMA and vpdpbusd
+    loops' floors it counts what they leave out: unpacking the weights, rounding x, the float
+    work per block, splitting over threads (and MLX's dispatch of each product). None without
+    native blocks or where the layers differ in format."""
     model = target.model
     if native.load() is None or not model.native_blocks():
         return None
@@ -284,7 +281,7 @@ def kernel_floor(target, rounds: int = _FMA_ROUNDS) -> dict[int, float] | None:
 
         def product(x):
             return small_matmul(x, w)
-    scale = multiply_adds_per_token(target) / weights
+    scale = multiply_adds / weights
     xs = {n: [mx.random.normal((1, n, width), key=mx.random.key(i)) for i in range(_KERNEL_CHAIN)]
           for n in _KERNEL_ROWS}
     mx.eval(xs)
@@ -330,7 +327,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
     decode, bandwidths = decode_and_bandwidth(Engine(target))
     bandwidth, weight_bytes = statistics.median(bandwidths), streamed_bytes(target)
     shares = [t * weight_bytes / b for t, b in zip(decode, bandwidths)]
-    rates, int8, floor = fma_rates(), int8_rate(target), kernel_floor(target)
+    macs = multiply_adds_per_token(target)
+    rates, int8, floor = fma_rates(), int8_rate(target), kernel_floor(target, macs)
     return {
         "edgespec": __version__, "mlx": mx.__version__, "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -357,7 +355,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "kernel_threads": None if rates is None else rates[3],
         "int8_g_per_s": None if int8 is None else round(int8 / 1e9, 1),
         "kernel_floor_ms": floor,
-        "multiply_adds_per_token_m": round(multiply_adds_per_token(target) / 1e6, 1),
+        "multiply_adds_per_token_m": round(macs / 1e6, 1),
         "expert_read_share": _expert_read(target),
     }
 
@@ -430,10 +428,11 @@ def format_findings(f: dict) -> str:
             f"16/1 >= {max(1.0, 16 * per / floor1):.2f}x")
         floor = f.get("kernel_floor_ms")
         if floor:
+            products = ", ".join(f"{n} token{'s' if n > 1 else ''} >= {ms:.1f} ms"
+                                 for n, ms in floor.items())
             lines.append(
                 "           the kernels themselves, their weights in cache (the model's "
-                "hidden-width products joined into one, scaled to a token): products of " + ", ".join(
-                    f"{n} token{'s' if n > 1 else ''} >= {ms:.1f} ms" for n, ms in floor.items())
+                f"hidden-width products joined into one, scaled to a token): products of {products}"
                 + f"; 8/1 >= {max(1.0, floor[8] / floor1):.2f}x, 16/1 >= "
                 f"{max(1.0, floor[16] / floor1):.2f}x against 1 token's bandwidth floor "
                 "(unpacking, rounding x and the float work per block included)")

@@ -113,7 +113,7 @@ def test_the_kernels_floor_times_the_models_own_products(tiny_models, tmp_path):
     for target in (tiny_models.load(), doctor.load(str(_quantized_copy(tiny_models.path(),
                                                                        tmp_path / "q")),
                                                    dtype="auto", progress=False)):
-        floor = doctor.kernel_floor(target, rounds=1)
+        floor = doctor.kernel_floor(target, doctor.multiply_adds_per_token(target), rounds=1)
         if not target.model.native_blocks():
             assert floor is None
             continue

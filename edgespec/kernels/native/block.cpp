@@ -562,7 +562,8 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
     at += count;
     jobs.push_back(block_job(shapes_[i], {segs_[i]}, block, i == 0, encoder, nullptr,
                              {kv + (2 * i) * per}, {kv + (2 * i + 1) * per}));
-    if (c < capture_.size() && size_t(capture_[c]) == i) captures[i] = outputs[2 + c++].data<float>();
+    if (c < capture_.size() && size_t(capture_[c]) == i)
+      captures[i] = outputs[2 + c++].data<float>();
   }
   encoder.dispatch([jobs = std::move(jobs), captures = std::move(captures),
                     out = outputs[0].data<float>(), n]() mutable {

@@ -247,7 +247,8 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : lanes ? 32 : 4);
   if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
   const int64_t halves = lanes ? 1 : 2;  // the lane layout keeps d * sum(q) in xd's steps
-  if (static_cast<int64_t>(floats.size()) < halves * units * ldf) floats.resize(halves * units * ldf);
+  if (static_cast<int64_t>(floats.size()) < halves * units * ldf)
+    floats.resize(halves * units * ldf);
   int8_t* xr = rounds.data();
   float *xd = floats.data(), *xs = lanes ? nullptr : xd + units * ldf;
   if (groups && M > 4 && M % 4 != 0) {  // the rows past M of a last group it computes
