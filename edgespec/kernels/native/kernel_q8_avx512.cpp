@@ -115,6 +115,12 @@ inline __m512i lane_bcast(__m512i v) {
   return _mm512_shuffle_i32x4(v, v, E * 0x55);
 }
 
+// The permutation index that moves dword 4a + b of a vector to dword 4b + a (a 4 x 4 transpose
+// of dwords).
+inline __m512i transposed_dwords() {
+  return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
+
 // The 8 rounds of one column's step (values k .. k + 127) at w, each broadcast to the 4 row
 // lanes: 128-bit lane (row i) dword b = 4 bytes of block b (kernel_q.h's rounds).
 template <int BITS>
@@ -123,9 +129,8 @@ inline void column_rounds(const uint8_t* w, int64_t k, int64_t K, __m512i r[8]) 
   __m512i lo, hi;             // lane e: round e, round 4 + e
   if constexpr (BITS == 4) {
     // dword 4b + e of the column's 64 bytes to dword 4e + b, then the low and high nibbles
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i c =
-        _mm512_permutexvar_epi32(idx, _mm512_maskz_loadu_epi8(byte_mask(rem / 2), w + k / 2));
+    const __m512i c = _mm512_permutexvar_epi32(
+        transposed_dwords(), _mm512_maskz_loadu_epi8(byte_mask(rem / 2), w + k / 2));
     const __m512i m4 = _mm512_set1_epi8(15);
     lo = _mm512_and_si512(c, m4);
     hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
@@ -236,10 +241,7 @@ inline void lane_weights(const uint8_t* w, int64_t k, int64_t K, __m512i out[2])
 }
 
 // Lane 4b + j = lane 4j + b of v: (column, block) lanes to (block, column) ones.
-inline __m512 to_block_lanes(__m512 v) {
-  return _mm512_permutexvar_ps(
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
-}
+inline __m512 to_block_lanes(__m512 v) { return _mm512_permutexvar_ps(transposed_dwords(), v); }
 
 // Lane 4b + j = v[j * ldg + the group of the step's block b] (0 past K): the 4 columns'
 // scales or biases of the step at k. Float16 ones of groups of 32 or 64 on a whole step (the
