@@ -243,8 +243,9 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
   const int64_t steps = (K + 127) / 128;
   const bool groups = form == 2 && M >= 4, lanes = form == 2 && M < 4;
   const int64_t units = groups ? (M + 3) / 4 : M;  // groups of 4 rows, or rows
-  // a group, a row of the lane layout (its d * sum(q) beside d in xd), or a row
-  const int64_t ldr = steps * (groups ? 512 : 128), ldf = steps * (groups ? 16 : lanes ? 32 : 4);
+  // a step of a group, of a row of the lane layout (its d * sum(q) beside d in xd), or of a row
+  const int64_t step_bytes = groups ? 512 : 128, step_floats = groups ? 16 : lanes ? 32 : 4;
+  const int64_t ldr = steps * step_bytes, ldf = steps * step_floats;
   if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
   const int64_t halves = lanes ? 1 : 2;  // the lane layout keeps d * sum(q) in xd's steps
   if (static_cast<int64_t>(floats.size()) < halves * units * ldf)
@@ -257,11 +258,11 @@ X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int 
     std::memset(xs + (units - 1) * ldf, 0, ldf * sizeof(float));
   }
   if (K % 128 != 0) {  // the last step's room past K (a group's or a row's last step)
-    const int64_t step = groups ? 512 : 128, floats = groups ? 16 : lanes ? 32 : 4;
     for (int64_t u = 0; u < units; ++u) {
-      std::memset(xr + u * ldr + ldr - step, 0, step);
-      std::memset(xd + u * ldf + ldf - floats, 0, floats * sizeof(float));
-      if (xs != nullptr) std::memset(xs + u * ldf + ldf - floats, 0, floats * sizeof(float));
+      std::memset(xr + u * ldr + ldr - step_bytes, 0, step_bytes);
+      std::memset(xd + u * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
+      if (xs != nullptr)
+        std::memset(xs + u * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
     }
   }
 #if defined(__x86_64__) || defined(_M_X64)
