@@ -1,18 +1,26 @@
-"""auto as built against auto with a plain arm added, and each method alone, in one process.
+"""auto as built against auto with an arm put back, and each method alone, in one process.
 
-Usage: python scripts/auto_arms_ab.py PROMPTS [LIMIT] [DTYPE] [VARIANTS] — the demo model
-(``DTYPE`` as ``edgespec --dtype`` takes it; default ``auto``: its 4-bit weights) decodes 128
-greedy tokens for the first ``LIMIT`` (default 24) prompts of a bench prompts file, each prompt
-by every variant in turn (comma-separated; default ``none,corpus,auto,auto+plain``): a method by
-its name, with a fresh drafter as in ``edgespec bench``; ``auto+plain``: the method ``auto``
-with a plain-decoding arm put back where ``registry._auto`` left it out (its arms gate
-themselves). Every output is checked against plain decoding's. Prints each variant's decoding
-tokens/s (prefill not counted) over plain decoding's, overall and per category, and τ.
-Measure on the repository's workloads (``data/workloads``), not the evaluation prompts.
+Usage: python scripts/auto_arms_ab.py PROMPTS [LIMIT] [DTYPE] [VARIANTS] [MODEL] — MODEL (as
+``edgespec --model`` takes it; default ``demo``, or a GGUF file such as ``vs_llama_cpp.py``'s
+q8_0 copy) loaded with ``DTYPE`` (as ``edgespec --dtype`` takes it; default ``auto``: a GGUF's
+own 4- or 8-bit weights) decodes 128 greedy tokens for the first ``LIMIT`` (default 24) prompts
+of a bench prompts file, each prompt by every variant in turn (comma-separated; default
+``none,corpus,auto,auto+plain``):
+
+- a method by its name, with a fresh drafter as in ``edgespec bench``;
+- ``auto+plain``: the method ``auto`` with a plain-decoding arm put back where
+  ``registry._auto`` left it out (its arms gate themselves);
+- ``auto+eagle3``: auto as ``registry._auto`` builds it on a flat verify-cost curve (its
+  EAGLE-3 arm kept however steep the measured curve is: ``registry.STEEP_RATIO``).
+
+Every output is checked against plain decoding's. Prints each variant's decoding tokens/s
+(prefill not counted) over plain decoding's, overall and per category, and τ. Measure on the
+repository's workloads (``data/workloads``), not the evaluation prompts.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
@@ -20,23 +28,30 @@ from edgespec import Engine, load_target, make_drafter
 from edgespec.bench import load_prompts
 from edgespec.bench_rows import generate_row
 from edgespec.config import GenerationConfig, SamplingConfig
+from edgespec.drafters import registry
 from edgespec.drafters.auto import PLAIN, AutoDrafter
 from edgespec.options import spec_for
 
 
 def drafter_for(variant: str, target):
-    method = variant.removesuffix("+plain")
-    drafter = make_drafter(spec_for(method, {}), target, SamplingConfig())
+    method = variant.removesuffix("+plain").removesuffix("+eagle3")
+    steep = registry.STEEP_RATIO
+    if variant.endswith("+eagle3"):
+        registry.STEEP_RATIO = math.inf
+    try:
+        drafter = make_drafter(spec_for(method, {}), target, SamplingConfig())
+    finally:
+        registry.STEEP_RATIO = steep
     if variant.endswith("+plain") and PLAIN not in drafter.arms:
         drafter = AutoDrafter({PLAIN: None, **drafter.arms})
     return drafter
 
 
 def main(prompts_file: str, limit: str = "24", dtype: str = "auto",
-         variants: str = "none,corpus,auto,auto+plain") -> None:
+         variants: str = "none,corpus,auto,auto+plain", model: str = "demo") -> None:
     names = variants.split(",")
     assert names[0] == "none", "plain decoding first: the others are checked against it"
-    target = load_target("demo", dtype=dtype)
+    target = load_target(model, dtype=dtype)
     generation = GenerationConfig(128)
     sums: dict[str, dict[str, list[float]]] = {}  # category -> variant -> [tokens, s, steps]
     for p in load_prompts(prompts_file, limit=int(limit)):

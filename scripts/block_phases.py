@@ -66,7 +66,8 @@ struct Report {
 # (anchor in block.cpp, text put after it): the phase marks of run_block
 MARKS = [
     ('#include "tree_attention.h"\n', PROFILE),
-    ('  std::vector<float*> k_out, v_out;\n', '  double handed = 0;  // when eval_cpu gave it to the stream\n'),
+    ('  // without slicing a shared output first).\n  std::vector<float*> k_out, v_out;\n',
+     '  double handed = 0;  // when eval_cpu gave it to the stream (0: a stack\'s later layers)\n'),
     ('void run_block(const BlockJob& j) {\n',
      '  const bool on = j.N == prof::rows;\n  double t0 = prof::now_us(), t;\n'
      '  if (on && prof::last_end > 0 && t0 - prof::last_end < 200) {\n'

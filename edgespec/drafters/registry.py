@@ -187,7 +187,8 @@ def _steep(target) -> bool:
     """Whether ``target``'s verify-cost curve is past ``STEEP_RATIO``. There an EAGLE-3 arm's
     head forwards and tree steps cost auto more than they won (measured on the 4-bit demo over
     the simulated user's questions: docs/measurements.md, "Int8 products in groups of four
-    rows")."""
+    rows"; checked again on the 4-bit and 8-bit files after the blocks ran as one operation:
+    "Auto's EAGLE-3 arm on a steep curve, checked again")."""
     from ..targets.cost import verify_cost_curve
 
     return verify_cost_curve(target).ratio_8() >= STEEP_RATIO
