@@ -1,10 +1,13 @@
-"""Two measuring scripts whose parts can break silently as the code changes:
-``scripts/block_phases.py``'s marks must still find their places in ``block.cpp``, and
+"""Measuring scripts whose parts can break silently as the code changes:
+``scripts/block_phases.py``'s marks must still find their places in ``block.cpp``,
 ``scripts/auto_arms_ab.py``'s ``auto+eagle3`` must build auto as on a flat curve and put the
-steep-curve threshold back."""
+steep-curve threshold back, and ``scripts/corpus_questions.py`` must leave the held-out questions
+out."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 
 import pytest
@@ -47,3 +50,23 @@ def test_auto_plus_eagle3_builds_auto_on_a_flat_curve_and_restores_the_threshold
         ab.drafter_for("auto+eagle3", "fails")
     assert seen == [("auto", math.inf), ("auto", before), ("auto", math.inf)]
     assert registry.STEEP_RATIO == before
+
+
+def test_corpus_questions_are_the_runs_first_questions_outside_the_held_out_set():
+    script = load_script("corpus_questions")
+    held = script.held_out()
+    assert len(held) == 64
+    data = script.questions_file(1, 40)
+    assert data == script.questions_file(1, 40)  # the bytes depend on the run and count alone
+    prompts = [json.loads(line)["prompt"] for line in data.decode().splitlines()]
+    assert len(prompts) == 40 and not held & {p.strip() for p in prompts}
+    assert script.questions_file(1, 41).startswith(data)
+    # past the run's first held-out question: it is skipped and the next one taken
+    with gzip.open(script.DATA / "eagle3-questions-run1.jsonl.gz", "rt") as f:
+        run = [json.loads(line)["prompt"] for line in f]
+    first = next(i for i, q in enumerate(run) if q.strip() in held)
+    after = [json.loads(line)["prompt"]
+             for line in script.questions_file(1, first + 1).decode().splitlines()]
+    assert after == run[:first] + [run[first + 1]] and run[first + 1].strip() not in held
+    with pytest.raises(ValueError, match="fewer than"):
+        script.questions_file(1, 10**6)
