@@ -31,8 +31,8 @@ def _float16_numbers(rng, shape, scale=1.0):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_the_kernels_read_float16_scales_to_the_same_bits(mod, bits, group_size):  # noqa: F811
-    """K ends inside a 128-value step, N inside a 4-column block; 1-33 rows (the one-row,
-    partial-group, full-group and float-kernel paths); each ISA, with and without int8."""
+    """K ends inside a 128-value step, N inside a 4-column block; 1-33 rows (the int8 forms'
+    passes of up to 8 rows, the float kernels' row blocks); each ISA, with and without int8."""
     rng = np.random.default_rng(bits * 100 + group_size)
     K, N = 3 * 128 + group_size, 4 * 5 + 3
     wq = mx.array(rng.integers(0, 2**32, (N, K * bits // 32), dtype=np.uint32))

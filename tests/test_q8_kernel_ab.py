@@ -1,8 +1,8 @@
 """scripts/q8_kernel_ab.sh: it builds the int8 kernel at a revision and the working tree's into
 one program, checks that the two give the same bits on a forward's products, and times them;
-bad arguments are refused by name. Run against the kernel before its 1-3-row lane layout, it
-checks that the layout changed no bit. The timing run needs AVX-512 VNNI (skipped elsewhere),
-g++ and the revision in the checkout's history."""
+bad arguments are refused by name. Run against the kernel before its lane layout (every row
+count now), it checks that the layout changed no bit. The timing run needs AVX-512 VNNI
+(skipped elsewhere), g++ and the revision in the checkout's history."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "q8_kernel_ab.sh"
-BEFORE_LANES = "d64b5a3"  # the last commit whose 1-3 rows ran q8block
+BEFORE_LANES = "d64b5a3"  # the last commit whose 1-3 rows ran q8block (and 4 or more q8group)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -34,13 +34,14 @@ def test_bad_bits_are_refused_by_name():
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("bits", ["4", "8"])
 def test_the_kernel_gives_the_bits_of_its_earlier_form(bits):
-    """1-3 rows (the lane layout) and five (a padded group of four) against the kernel at
-    BEFORE_LANES, whose 1-3 rows rearranged the weights across lanes instead: the variants'
-    outputs are hashed before any timing, and a difference exits 1."""
+    """Rows in one pass of the lane kernel (1-3, 5, 8) and in two (9, 12: 8 rows, then the rest)
+    against the kernel at BEFORE_LANES, whose 1-3 rows rearranged the weights across lanes and
+    whose 4 rows or more ran in groups of four (a last one padded): the variants' outputs are
+    hashed before any timing, and a difference exits 1."""
     if subprocess.run(["git", "cat-file", "-e", f"{BEFORE_LANES}^{{commit}}"], cwd=ROOT,
                       capture_output=True).returncode:
         pytest.skip(f"{BEFORE_LANES} is not in this checkout's history")
-    done = _run(BEFORE_LANES, "1,2,3,5", "1", bits)
+    done = _run(BEFORE_LANES, "1,2,3,5,8,9,12", "1", bits)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if "new/base" in line]
-    assert [line.split()[0] for line in lines] == ["1", "2", "3", "5"], done.stdout
+    assert [line.split()[0] for line in lines] == ["1", "2", "3", "5", "8", "9", "12"], done.stdout

@@ -150,10 +150,10 @@ def test_symmetric_biases_made_from_the_scales_give_the_same_bits(mod, bits, gro
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [3, 6])
+@pytest.mark.parametrize("rows", [3, 11])
 def test_a_non_finite_value_gives_nan_in_its_row_only(mod, bits, rows):  # noqa: F811
-    """Rows 1 and 2 hold a NaN and an infinity; the others stay finite (3 rows: the one-to-three
-    kernel; 6: a padded group of four)."""
+    """Rows 1 and 2 hold a NaN and an infinity; the others stay finite (3 rows: one pass of the
+    VNNI form's lane kernel; 11: a pass of 8 rows, then one of 3)."""
     q = _quantized(np.random.default_rng(6), 8, 128, 32, bits)
     xn = np.random.default_rng(7).standard_normal((rows, 128), dtype=np.float32)
     xn[1, 40], xn[2, 70] = np.nan, np.inf

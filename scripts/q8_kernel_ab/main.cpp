@@ -5,9 +5,9 @@
 // Q4_1 file's form (4-bit blocks with float16 scales and biases, an 8-bit symmetric head,
 // Q8_0's); 8: its q8_0 copy (every product 8-bit symmetric). Group 32. Each variant rounds x
 // with its own q8quantize_avx512, once per product as the module does, into strides that hold
-// either layout (the group layout's 512 bytes a step, the lane layout's 32 floats). Prints each
-// variant's median ms and the median of the per-round new/base ratios. Exits 1 when the two
-// variants' outputs differ in any bit. See scripts/q8_kernel_ab.sh.
+// either layout (an earlier revision's group layout's 512 bytes a step, the lane layout's 32
+// floats). Prints each variant's median ms and the median of the per-round new/base ratios.
+// Exits 1 when the two variants' outputs differ in any bit. See scripts/q8_kernel_ab.sh.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

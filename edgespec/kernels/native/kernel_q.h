@@ -44,15 +44,12 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // (e < 4) or the odd ones 8(e-4)+1..8(e-4)+7, for 8 bits the values 4e..4e+3; per step, xd
 // holds d of each block and xs d * sum(q) of each block. The AVX2 form takes it per row (xr:
 // row stride ldr bytes, a step 128 bytes, a round 16; xd, xs: row stride ldf floats, a step
-// 4). The VNNI form takes 4 rows or more per group of 4 rows (the group layout; xr: group
-// stride ldr bytes, a step 512 bytes, a round 64 bytes of which row i of the group has bytes
-// 16i..16i+15; xd, xs: group stride ldf floats, a step 16 floats of which row i has 4i..4i+3;
-// past 4 rows, a last group's rows past M zeros, computed and not stored, else unread), and 1-3
-// rows per row (the lane layout; xr: row stride ldr bytes, a step two 64-byte vectors, vector
-// h's dword 4b + e holding round 4h + e of block b; xd: row stride ldf floats, a step 32
-// floats, lanes 4b..4b + 3 holding block b's d, then 16 more its d * sum(q); xs unread). An
-// output is the sum over steps, in order, of int_dot * (scale * d) + bias * xs per block (one
-// FMA each), kept per block, then (b0 + b2) + (b1 + b3). The VNNI form takes b null for a
+// 4). The VNNI form takes it per row in the lane layout (xr: row stride ldr bytes, a step two
+// 64-byte vectors, vector h's dword 4b + e holding round 4h + e of block b; xd: row stride ldf
+// floats, a step 32 floats, lanes 4b..4b + 3 holding block b's d, then 16 more its
+// d * sum(q); xs unread). An output is the sum over steps, in order, of
+// int_dot * (scale * d) + bias * xs per block (one FMA each), kept per block, then
+// (b0 + b2) + (b1 + b3). The VNNI form takes b null for a
 // symmetric format (every bias -2^(bits - 1) times its scale) and makes the biases from the
 // scales: the same values, so the same bits, without reading them. s and b are float32, or
 // float16 where half (widened exactly as they are read: the same bits as their float32
@@ -66,9 +63,8 @@ void q8rows_avx2(int bits, const int8_t* xr, int64_t ldr, const float* xd, const
                  int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s, const void* b,
                  bool half, int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
                  int64_t n0, int64_t n1);
-// Rows 0..M-1 of x (M, K; row stride ldx) rounded into the VNNI form's layout for M rows (the
-// group layout, or the lane layout below 4 rows: xr, xd, xs; the caller zeroes the room past K
-// and, past 4 rows, a last group's rows past M): per 32-value
+// Rows 0..M-1 of x (M, K; row stride ldx) rounded into the VNNI form's lane layout (xr, xd;
+// xs unused, kept for the kernel A/B driver; the caller zeroes the room past K): per 32-value
 // block d = amax / 127 (NaN when a value is not finite), q = x / d rounded half to even (0
 // where d is 0 or NaN). The same bits as
 // quantized_matmul.cpp's portable quantize_x8; AVX-512 (BW), used where the VNNI form runs.

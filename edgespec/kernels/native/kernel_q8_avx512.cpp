@@ -1,26 +1,21 @@
 // The int8-activation form of kernel_q.h's product on AVX-512 VNNI, compiled with -mavx512f
 // -mavx512bw -mavx512vnni -mfma only (see kernel.h for why the ISA files include nothing else).
 //
-// 4 rows or more come quantized per 32-value block in kernel_q.h's group layout (groups of 4
-// rows) and run q8group: its lanes are (row, block), so one load of a round serves the group's
-// 4 rows, and each column's step is unpacked once (the column's dwords of each round gathered by
-// one permutation, masked or shifted for 4-bit nibbles, each round broadcast to the 4 row lanes)
-// for up to 4 groups. Per row and column, a step is then 8 vpdpbusd (u8 x s8 -> int32, exact) and
-// four float instructions (a convert, the group scales times the blocks' d, two FMAs: the scale
-// part, and bias x d * sum(q)).
+// x comes per row in kernel_q.h's lane layout and runs q8lanes: each column's packed bytes are
+// used as they are loaded (the 4-bit low and high nibbles masked and shifted in place; an 8-bit
+// step's block halves paired by one qword permutation), each row's x laid out by the quantizer
+// to match, so a column's step is 2 vpdpbusd a row into lanes (block, 4 values) and one load of
+// x serves 4 columns. The 4 columns' lanes are summed into (block, column) lanes by in-lane
+// unpacks and integer adds (exact), then a row's float instructions: a convert, the group
+// scales times the blocks' d, two FMAs (the scale part, and bias x d * sum(q)). Rows run in
+// passes of up to 8 over each quad of columns, whose weights are unpacked once a pass. (An
+// earlier form for 4 rows or more laid x out in groups of 4 rows and broadcast each unpacked
+// round of the weights to them: its loads of x, 2 a row and column, made it slower than these
+// passes at every row count: docs/measurements.md, "Every row count in lanes".)
 //
-// 1-3 rows come in kernel_q.h's lane layout and run q8lanes: each column's packed bytes are used
-// as they are loaded (the 4-bit low and high nibbles masked and shifted in place; an 8-bit step's
-// block halves paired by one qword permutation), each row's x laid out by the quantizer to match,
-// so a column's step is 2 vpdpbusd a row into lanes (block, 4 values). The 4 columns' lanes are
-// summed into (block, column) lanes by in-lane unpacks and integer adds (exact). A one-row
-// product reads its weights this way without the cross-lane rearranging q8group's broadcasts
-// need, which held it below the memory's speed.
-//
-// Both kernels compute every (row, column, block) value with the same float instructions in the
-// same order, so a row's bits depend neither on the other rows nor on which kernel ran it; each
-// output's 4 block lanes are summed as (b0 + b2) + (b1 + b3). (Kept in registers across columns,
-// x's rounds crowded q8group's accumulators out of them: four groups take a column a pass.)
+// Every (row, column, block) value gets the same float instructions in the same order, so a
+// row's bits depend neither on the other rows nor on the pass it runs in; each output's 4 block
+// lanes are summed as (b0 + b2) + (b1 + b3).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -31,6 +26,10 @@ namespace {
 // How many 4-column quads ahead the packed rows are prefetched (as kernel_q_blocks.inc's
 // kAhead for float x).
 constexpr int64_t kAhead = 8;
+
+// The most rows q8lanes takes in one pass over a quad of columns (its accumulators, the quad's
+// unpacked weights and a row's temporaries fill the 32 vector registers).
+constexpr int64_t kPassRows = 8;
 
 inline __mmask64 byte_mask(int64_t n) {
   return n >= 64 ? ~__mmask64(0) : n <= 0 ? __mmask64(0) : (__mmask64(1) << n) - 1;
@@ -66,15 +65,6 @@ inline __m512 quads(const uint16_t* v, int64_t ldg, int64_t g0, unsigned bits) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(h));
 }
 
-// v[0..3] in each 128-bit lane.
-inline __m512 bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
-
-inline __m512 bcast4(const uint16_t* p) {
-  long long bits;
-  __builtin_memcpy(&bits, p, 8);
-  return _mm512_cvtph_ps(_mm256_set1_epi64x(bits));
-}
-
 // Lane (j, b) = v[j * ldg + group of block b] for the step at k (0 past K): the 4 columns'
 // scales or biases of the step's groups (S: float, or uint16_t for float16).
 template <typename S>
@@ -97,127 +87,14 @@ inline __m512 bias_of(__m512 scales, int bits) {
   return _mm512_mul_ps(scales, _mm512_set1_ps(-float(1 << (bits - 1))));
 }
 
-// Each 128-bit lane's 4 block lanes summed as (b0 + b2) + (b1 + b3), into its first lane.
-inline __m512 fold_blocks(__m512 a) {
-  const __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
-}
-
-// kernel_q.h's group layout: row i of a group at 16 * i bytes of each 64-byte round and 4 * i
-// floats of each 16-float step of xd and xs. Its lane layout: a row's step is two 64-byte
-// vectors and 32 floats (16 of d, 16 of d * sum(q)).
-constexpr int64_t kStepBytes = 512, kRoundBytes = 64, kStepFloats = 16;
+// kernel_q.h's lane layout: a row's step is two 64-byte vectors and 32 floats (16 of d, 16 of
+// d * sum(q)).
 constexpr int64_t kLaneStepBytes = 128, kLaneStepFloats = 32;
-
-// 128-bit lane e of v broadcast to the 4 lanes.
-template <int E>
-inline __m512i lane_bcast(__m512i v) {
-  return _mm512_shuffle_i32x4(v, v, E * 0x55);
-}
 
 // The permutation index that moves dword 4a + b of a vector to dword 4b + a (a 4 x 4 transpose
 // of dwords).
 inline __m512i transposed_dwords() {
   return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-}
-
-// The 8 rounds of one column's step (values k .. k + 127) at w, each broadcast to the 4 row
-// lanes: 128-bit lane (row i) dword b = 4 bytes of block b (kernel_q.h's rounds).
-template <int BITS>
-inline void column_rounds(const uint8_t* w, int64_t k, int64_t K, __m512i r[8]) {
-  const int64_t rem = K - k;  // values left, a multiple of 32
-  __m512i lo, hi;             // lane e: round e, round 4 + e
-  if constexpr (BITS == 4) {
-    // dword 4b + e of the column's 64 bytes to dword 4e + b, then the low and high nibbles
-    const __m512i c = _mm512_permutexvar_epi32(
-        transposed_dwords(), _mm512_maskz_loadu_epi8(byte_mask(rem / 2), w + k / 2));
-    const __m512i m4 = _mm512_set1_epi8(15);
-    lo = _mm512_and_si512(c, m4);
-    hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
-  } else {
-    // dword 8b + e of the column's 128 bytes (blocks 0-1, 2-3) to dword 4e + b (e < 4: lo)
-    const __m512i li = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-    const __m512i hix = _mm512_add_epi32(li, _mm512_set1_epi32(4));
-    const __m512i a = _mm512_maskz_loadu_epi8(byte_mask(rem), w + k);
-    const __m512i b = _mm512_maskz_loadu_epi8(byte_mask(rem - 64), w + k + 64);
-    lo = _mm512_permutex2var_epi32(a, li, b);
-    hi = _mm512_permutex2var_epi32(a, hix, b);
-  }
-  r[0] = lane_bcast<0>(lo), r[1] = lane_bcast<1>(lo), r[2] = lane_bcast<2>(lo);
-  r[3] = lane_bcast<3>(lo), r[4] = lane_bcast<0>(hi), r[5] = lane_bcast<1>(hi);
-  r[6] = lane_bcast<2>(hi), r[7] = lane_bcast<3>(hi);
-}
-
-// Lane (row i, block b) = v[the group of the step's block b] (0 past K): one column's scales
-// or biases, the same for every row.
-template <typename S>
-inline __m512 column_lanes(const S* v, int64_t k, int64_t K, int64_t gs) {
-  if (gs == 32 && K - k >= 128)  // the 4 groups of a whole step: one broadcast load
-    return bcast4(v + (k >> 5));
-  return per_lane(v, 0, k, K, gs);  // ldg 0: the one column in every lane
-}
-
-// G full groups of 4 rows (group stride ldr bytes, ldf floats) against NC columns (w, s, b
-// with strides ldq, ldg) in (row, block) lanes: each column's step is unpacked once for the
-// G groups and every round is one full load of 4 rows' x, so a row costs its vpdpbusd and
-// four float instructions a column and step, and no broadcast. Each lane computes what
-// q8lanes's (block, column) lane computes for that row, in the same order: the same bits.
-// Only the first `rows` rows are stored: a last group padded with rows of zeros (q8columns).
-template <int BITS, int G, int NC, typename S>
-void q8group(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-             const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg,
-             float* y, int64_t ldy, int64_t K, int64_t gs, const uint8_t* pf, int64_t pf_step,
-             int64_t rows) {
-  __m512 acc[NC][G];
-  #pragma GCC unroll 8
-  for (int j = 0; j < NC; ++j)
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[j][g] = _mm512_setzero_ps();
-  for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
-    if (pf != nullptr)
-      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
-        __builtin_prefetch(pf + p, 0, 2);
-    __m512 dv[G], sx[G];  // lane (row, block): d, and d * sum(q)
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      dv[g] = _mm512_loadu_ps(xd + g * ldf + st * kStepFloats);
-      sx[g] = _mm512_loadu_ps(xs + g * ldf + st * kStepFloats);
-    }
-    #pragma GCC unroll 8
-    for (int j = 0; j < NC; ++j) {
-      __m512i r[8];
-      column_rounds<BITS>(wq + j * ldq, k, K, r);
-      const __m512 sv = column_lanes(s + j * ldg, k, K, gs);
-      const __m512 bv = b ? column_lanes(b + j * ldg, k, K, gs) : bias_of(sv, BITS);
-      #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        const int8_t* x = xr + g * ldr + st * kStepBytes;
-        const auto round = [x](int e) {
-          return _mm512_loadu_si512(reinterpret_cast<const void*>(x + e * kRoundBytes));
-        };
-        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[0], round(0));
-        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), r[4], round(4));
-        #pragma GCC unroll 8
-        for (int e = 1; e < 4; ++e) {
-          d0 = _mm512_dpbusd_epi32(d0, r[e], round(e));
-          d1 = _mm512_dpbusd_epi32(d1, r[4 + e], round(4 + e));
-        }
-        acc[j][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)),
-                                    _mm512_mul_ps(sv, dv[g]), acc[j][g]);
-        acc[j][g] = _mm512_fmadd_ps(bv, sx[g], acc[j][g]);
-      }
-    }
-  }
-  #pragma GCC unroll 8
-  for (int j = 0; j < NC; ++j)
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {  // a 128-bit lane per row
-      alignas(64) float out[16];
-      _mm512_store_ps(out, fold_blocks(acc[j][g]));
-      #pragma GCC unroll 8
-      for (int i = 0; i < 4; ++i)
-        if (4 * g + i < rows) y[(4 * g + i) * ldy + j] = out[4 * i];
-    }
 }
 
 // A column's step (values k .. k + 127) as q8lanes uses it: 4 bits: the low nibbles of its 64
@@ -271,12 +148,11 @@ inline __m512 block_lanes(const float* v, int64_t ldg, int64_t k, int64_t K, int
   return to_block_lanes(per_lane(v, ldg, k, K, gs));
 }
 
-// Rows 0..MB-1 (MB < 4) of x in kernel_q.h's lane layout (xr: row stride ldr bytes; xd: row
-// stride ldf floats) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
-// lane) in (block, column) lanes; nc columns of y written. A column's step is 2 chained
+// Rows 0..MB-1 (MB <= kPassRows) of x in kernel_q.h's lane layout (xr: row stride ldr bytes;
+// xd: row stride ldf floats) against 4 columns (w, s, b with strides ldq, ldg; 0: one column in
+// every lane) in (block, column) lanes; nc columns of y written. A column's step is 2 chained
 // vpdpbusd a row (lanes: block, 4 values); the 4 columns' results are summed into (block,
-// column) lanes by in-lane unpacks and integer adds, then the float instructions q8group
-// runs, in its order.
+// column) lanes by in-lane unpacks and integer adds, then a row's float instructions.
 template <int BITS, int MB, typename S>
 inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
                     const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg,
@@ -317,7 +193,7 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
     }
   }
   #pragma GCC unroll 4
-  for (int i = 0; i < MB; ++i) {  // (b0 + b2) + (b1 + b3), as fold_blocks sums them
+  for (int i = 0; i < MB; ++i) {  // (b0 + b2) + (b1 + b3)
     const __m512 t =
         _mm512_add_ps(acc[i], _mm512_shuffle_f32x4(acc[i], acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
     const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -325,60 +201,29 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
   }
 }
 
-// Rows 0..M-1 of x against 4 columns (w, s, b with strides ldq, ldg; 0: one column in every
-// lane); nc columns of y written. 1-3 rows (kernel_q.h's lane layout: ldr bytes and ldf floats
-// a row) run q8lanes. 4 rows or more (its group layout: groups of 4 rows, ldr bytes and ldf
-// floats apart) run q8group, up to four groups at a time (four: a column a pass). Past 4 rows a
-// last partial group runs as a full one, its rows past M zeros (quantize_x8) computed and not
-// stored: 5-7 rows then cost what 8 cost, where a second pass over the weights for the last
-// rows cost more than a full group (docs/measurements.md, "A partial group run as a full one").
-// The same bits for a row either way.
+// Rows 0..M-1 of x (kernel_q.h's lane layout: ldr bytes and ldf floats a row; xs unread: the
+// layout keeps d * sum(q) in xd) against 4 columns (w, s, b with strides ldq, ldg; 0: one
+// column in every lane); nc columns of y written. The rows run through q8lanes in passes of up
+// to kPassRows, each over the same quad of columns (in the cache after the first).
 template <int BITS, typename S>
-void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
-               const uint8_t* w, int64_t ldq, const S* s, const S* b, int64_t ldg,
+void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* /*xs*/,
+               int64_t ldf, const uint8_t* w, int64_t ldq, const S* s, const S* b, int64_t ldg,
                float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs, int nc) {
   // The first pass asks for the 4 packed rows kAhead quads on (contiguous: 4 ldq bytes),
   // spread over its steps (q8rows asks for their scales and biases): nothing else brings the
   // next weights in while this quad computes (a one-row product waited on its loads).
   const uint8_t* pf = ldq != 0 ? w + kAhead * 4 * ldq : nullptr;
   const int64_t steps = (K + 127) / 128, pf_step = (4 * ldq + steps * 64 - 1) / (steps * 64) * 64;
-  if (M > 0 && M < 4) {
-    using Fn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
-                        const S*, const S*, int64_t, float*, int64_t, int64_t, int64_t, int,
-                        const uint8_t*, int64_t);
-    static constexpr Fn few[] = {q8lanes<BITS, 1, S>, q8lanes<BITS, 2, S>, q8lanes<BITS, 3, S>};
-    return few[M - 1](xr, ldr, xd, ldf, w, ldq, s, b, ldg, y, ldy, K, gs, nc, pf, pf_step);
-  }
-  const int64_t full = M > 4 ? (M + 3) / 4 : M / 4;
-  for (int64_t g = 0, G; g < full; g += G, pf = nullptr) {
-    G = full - g >= 4 ? 4 : full - g >= 2 ? 2 : 1;
-    const int8_t* xg = xr + g * ldr;
-    const float *dg = xd + g * ldf, *sg = xs + g * ldf;
-    float* yg = y + 4 * g * ldy;
-    const int64_t rows = M - 4 * g;
-    if (nc == 4 && G == 2) {
-      q8group<BITS, 2, 4, S>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
-                           rows);
-      continue;
-    }
-    if (nc == 4 && G == 1) {
-      q8group<BITS, 1, 4, S>(xg, ldr, dg, sg, ldf, w, ldq, s, b, ldg, yg, ldy, K, gs, pf, pf_step,
-                           rows);
-      continue;
-    }
-    for (int j = 0; j < nc; ++j) {  // four groups (or one column): a column a pass
-      const uint8_t *wj = w + j * ldq, *pj = j == 0 ? pf : nullptr;
-      const S *sj = s + j * ldg, *bj = b ? b + j * ldg : nullptr;
-      if (G == 4)
-        q8group<BITS, 4, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step, rows);
-      else if (G == 2)
-        q8group<BITS, 2, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step, rows);
-      else
-        q8group<BITS, 1, 1, S>(xg, ldr, dg, sg, ldf, wj, ldq, sj, bj, ldg, yg + j, ldy, K, gs, pj,
-                            pf_step, rows);
-    }
+  using Fn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t,
+                      const S*, const S*, int64_t, float*, int64_t, int64_t, int64_t, int,
+                      const uint8_t*, int64_t);
+  static constexpr Fn pass[kPassRows] = {
+      q8lanes<BITS, 1, S>, q8lanes<BITS, 2, S>, q8lanes<BITS, 3, S>, q8lanes<BITS, 4, S>,
+      q8lanes<BITS, 5, S>, q8lanes<BITS, 6, S>, q8lanes<BITS, 7, S>, q8lanes<BITS, 8, S>};
+  for (int64_t r = 0; r < M; r += kPassRows, pf = nullptr) {
+    const int64_t rows = M - r < kPassRows ? M - r : kPassRows;
+    pass[rows - 1](xr + r * ldr, ldr, xd + r * ldf, ldf, w, ldq, s, b, ldg, y + r * ldy, ldy, K,
+                   gs, nc, pf, pf_step);
   }
 }
 
@@ -387,7 +232,7 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, 
 }  // namespace
 
 void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
-                       int64_t ldr, float* xd, float* xs, int64_t ldf) {
+                       int64_t ldr, float* xd, float* /*xs*/, int64_t ldf) {
   const __m512 fmax = _mm512_set1_ps(3.40282347e38f), magic = _mm512_set1_ps(12582912.0f);
   // 4 bits: even values then odd ones in each 16-byte half (dwords e0 e1 e4 e5 | e2 e3 e6 e7)
   const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
@@ -417,25 +262,17 @@ void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t
       alignas(16) int32_t dw[8];
       _mm_store_si128(reinterpret_cast<__m128i*>(dw), lo);
       _mm_store_si128(reinterpret_cast<__m128i*>(dw + 4), hi);
-      if (M < 4) {  // the lane layout: round e at dword 4 * blk + e % 4 of vector e / 4
-        int8_t* step = xr + m * ldr + st * kLaneStepBytes + 16 * blk;
-        for (int i = 0; i < 8; ++i) {
-          const int e = bits == 4 ? kRound4[i] : i;
-          __builtin_memcpy(step + 64 * (e / 4) + 4 * (e % 4), dw + i, 4);
-        }
-        float* f = xd + m * ldf + st * kLaneStepFloats + 4 * blk;
-        for (int j = 0; j < 4; ++j) {
-          f[j] = d;
-          f[16 + j] = d * static_cast<float>(sum);
-        }
-        continue;
+      // the lane layout: round e at dword 4 * blk + e % 4 of vector e / 4
+      int8_t* step = xr + m * ldr + st * kLaneStepBytes + 16 * blk;
+      for (int i = 0; i < 8; ++i) {
+        const int e = bits == 4 ? kRound4[i] : i;
+        __builtin_memcpy(step + 64 * (e / 4) + 4 * (e % 4), dw + i, 4);
       }
-      int8_t* step = xr + (m / 4) * ldr + st * kStepBytes + 16 * (m % 4) + 4 * blk;
-      for (int i = 0; i < 8; ++i)
-        __builtin_memcpy(step + kRoundBytes * (bits == 4 ? kRound4[i] : i), dw + i, 4);
-      const int64_t f = (m / 4) * ldf + st * kStepFloats + 4 * (m % 4) + blk;
-      xd[f] = d;
-      xs[f] = d * static_cast<float>(sum);
+      float* f = xd + m * ldf + st * kLaneStepFloats + 4 * blk;
+      for (int j = 0; j < 4; ++j) {
+        f[j] = d;
+        f[16 + j] = d * static_cast<float>(sum);
+      }
     }
 }
 

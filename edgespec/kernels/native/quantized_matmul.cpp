@@ -235,34 +235,27 @@ void quantize_x8_portable(const float* x, int64_t ldx, int64_t M, int64_t K, int
     }
 }
 
-// form: q8_form() (2: the AVX-512 rounding into the VNNI form's groups of 4 rows, or for 1-3
-// rows into its lane layout; else the portable one into rows).
+// form: q8_form() (2: the AVX-512 rounding into the VNNI form's lane layout, a row's step
+// 128 bytes and 32 floats with its d * sum(q) beside d; else the portable one into rows, a
+// step 128 bytes and 4 floats in each of xd and xs).
 X8 quantize_x8(const float* x, int64_t ldx, int64_t M, int64_t K, int bits, int form) {
   thread_local std::vector<int8_t> rounds;
   thread_local std::vector<float> floats;
   const int64_t steps = (K + 127) / 128;
-  const bool groups = form == 2 && M >= 4, lanes = form == 2 && M < 4;
-  const int64_t units = groups ? (M + 3) / 4 : M;  // groups of 4 rows, or rows
-  // a step of a group, of a row of the lane layout (its d * sum(q) beside d in xd), or of a row
-  const int64_t step_bytes = groups ? 512 : 128, step_floats = groups ? 16 : lanes ? 32 : 4;
+  const bool lanes = form == 2;
+  const int64_t step_bytes = 128, step_floats = lanes ? 32 : 4;
   const int64_t ldr = steps * step_bytes, ldf = steps * step_floats;
-  if (static_cast<int64_t>(rounds.size()) < units * ldr) rounds.resize(units * ldr);
+  if (static_cast<int64_t>(rounds.size()) < M * ldr) rounds.resize(M * ldr);
   const int64_t halves = lanes ? 1 : 2;  // the lane layout keeps d * sum(q) in xd's steps
-  if (static_cast<int64_t>(floats.size()) < halves * units * ldf)
-    floats.resize(halves * units * ldf);
+  if (static_cast<int64_t>(floats.size()) < halves * M * ldf) floats.resize(halves * M * ldf);
   int8_t* xr = rounds.data();
-  float *xd = floats.data(), *xs = lanes ? nullptr : xd + units * ldf;
-  if (groups && M > 4 && M % 4 != 0) {  // the rows past M of a last group it computes
-    std::memset(xr + (units - 1) * ldr, 0, ldr);
-    std::memset(xd + (units - 1) * ldf, 0, ldf * sizeof(float));
-    std::memset(xs + (units - 1) * ldf, 0, ldf * sizeof(float));
-  }
-  if (K % 128 != 0) {  // the last step's room past K (a group's or a row's last step)
-    for (int64_t u = 0; u < units; ++u) {
-      std::memset(xr + u * ldr + ldr - step_bytes, 0, step_bytes);
-      std::memset(xd + u * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
+  float *xd = floats.data(), *xs = lanes ? nullptr : xd + M * ldf;
+  if (K % 128 != 0) {  // the last step's room past K
+    for (int64_t m = 0; m < M; ++m) {
+      std::memset(xr + m * ldr + ldr - step_bytes, 0, step_bytes);
+      std::memset(xd + m * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
       if (xs != nullptr)
-        std::memset(xs + u * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
+        std::memset(xs + m * ldf + ldf - step_floats, 0, step_floats * sizeof(float));
     }
   }
 #if defined(__x86_64__) || defined(_M_X64)
