@@ -159,7 +159,7 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
                     float* y, int64_t ldy, int64_t K, int64_t gs, int nc, const uint8_t* pf,
                     int64_t pf_step) {
   __m512 acc[MB];
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t k = 0, st = 0; k < K; k += 128, ++st) {
     if (pf != nullptr)  // this step's share of the packed rows kAhead quads on
@@ -170,7 +170,7 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
     for (int j = 0; j < 4; ++j) lane_weights<BITS>(wq + j * ldq, k, K, w[j]);
     const __m512 sv = block_lanes(s, ldg, k, K, gs);
     const __m512 bv = b ? block_lanes(b, ldg, k, K, gs) : bias_of(sv, BITS);
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const int8_t* x = xr + i * ldr + st * kLaneStepBytes;
       const float* f = xd + i * ldf + st * kLaneStepFloats;
@@ -192,7 +192,7 @@ inline void q8lanes(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
       acc[i] = _mm512_fmadd_ps(bv, _mm512_loadu_ps(f + 16), acc[i]);
     }
   }
-  #pragma GCC unroll 4
+  #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {  // (b0 + b2) + (b1 + b3)
     const __m512 t =
         _mm512_add_ps(acc[i], _mm512_shuffle_f32x4(acc[i], acc[i], _MM_SHUFFLE(1, 0, 3, 2)));
