@@ -21,13 +21,14 @@ import json
 import sys
 from pathlib import Path
 
+from edgespec.bench import load_prompts
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "SmolLM2-135M-Instruct"
 
 
 def held_out() -> set[str]:
-    """The held-out questions' texts (bench layout: the first turn)."""
-    lines = (DATA / "heldout-questions.jsonl").read_text().splitlines()
-    return {json.loads(line)["turns"][0].strip() for line in lines if line.strip()}
+    """The held-out questions' texts (a bench prompts file: the first turn of each)."""
+    return {p.text.strip() for p in load_prompts(DATA / "heldout-questions.jsonl")}
 
 
 def questions_file(run: int, count: int) -> bytes:
