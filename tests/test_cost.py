@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
-from edgespec.drafters.confidence import Calibration, best_first, choose, path_probs
+from edgespec.drafters.confidence import Calibration, best_first, choose, path_probs, top_k
 from edgespec.targets import cost
 from edgespec.targets.cost import CostCurve, best_budget, measure_cost_curve, verify_cost_curve
 from edgespec.tree import DraftTree
@@ -107,6 +107,21 @@ def test_path_probabilities_and_an_ancestor_closed_cut():
     assert budget is not None and keep.tolist() == order[: budget.nodes].tolist()
     keep, budget = choose(parents, edge, Calibration(), None, 0.0, 3, 63)
     assert budget is None and keep.tolist() == order[:3].tolist()
+
+
+def test_top_k_is_a_stable_sort_cut_short():
+    """The head's children on the host: each row's k best columns, best first, the lower column
+    first among equals: what a stable sort gives, also with ties, -inf and k past the row."""
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        rows, cols, k = rng.integers(1, 5), rng.integers(1, 40), rng.integers(1, 6)
+        lg = rng.integers(-3, 3, (rows, cols)).astype(np.float32)  # many ties
+        if rng.random() < 0.3:
+            lg[rng.random(lg.shape) < 0.6] = -np.inf
+        want = np.argsort(-lg, axis=-1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(top_k(lg, k), want)
+    lg = rng.standard_normal((4, 8192)).astype(np.float32)
+    np.testing.assert_array_equal(top_k(lg, 4), np.argsort(-lg, axis=-1)[:, :4])
 
 
 def test_measured_in_interleaved_rounds_and_never_cheaper_for_more_nodes(target):

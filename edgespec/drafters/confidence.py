@@ -11,6 +11,8 @@ observed rates, so the estimate adapts to the head, the text and the sampling te
 verify: the best ``nodes`` by calibrated path probability, or (``nodes=None``) as many as
 maximise expected tokens per ms on this device's verify-cost curve (``targets/cost.py``).
 
+``top_k(logits, k)``: each row's k best columns, best first, on the host.
+
 ``path_probs(parents, edge)``: a node's probability of being accepted is the product of its
 calibrated edge probabilities down from the root; it never exceeds its parent's, so sorting
 nodes by it (parents first on ties) keeps every prefix of the order ancestor-closed.
@@ -63,6 +65,27 @@ def path_probs(parents: list[int], edge: np.ndarray) -> np.ndarray:
     out = np.ones(len(parents))
     for u in range(1, len(parents)):
         out[u] = out[parents[u]] * edge[u]
+    return out
+
+
+def top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Each row's ``k`` largest columns of a 2-D float array, largest first (of equal values the
+    lower column first): ``k`` passes of ``argmax``, each striking out what it found. For a few
+    of thousands of columns that is much cheaper than ``np.argpartition``, an introselect over the
+    whole row (docs/measurements.md, "the head's children on the host"). A row whose remaining
+    best is -inf or NaN (fewer than ``k`` finite values) takes a full stable sort instead."""
+    n = logits.shape[-1]
+    if k >= n:
+        return np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    work, rows = logits.copy(), np.arange(logits.shape[0])
+    out = np.empty((logits.shape[0], k), dtype=np.int64)
+    for i in range(k):
+        best = work.argmax(axis=-1)
+        found = work[rows, best]
+        if not np.all(found > -np.inf):  # -inf or NaN: argmax could return a struck-out column
+            return np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        out[:, i] = best
+        work[rows, best] = -np.inf
     return out
 
 

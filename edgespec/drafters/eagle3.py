@@ -64,7 +64,7 @@ from ..targets.target import Target, TargetOutput
 from ..tree import DraftTree, chain_mask, subtree
 from ..verify import Accepted
 from .base import Drafter
-from .confidence import Calibration, choose, path_probs
+from .confidence import Calibration, choose, path_probs, top_k
 from .lookup import PromptLookupDrafter
 
 _CHUNK = 512
@@ -262,13 +262,13 @@ class Eagle3Drafter(Drafter):
         # measured slower than numpy's (docs/measurements.md, "Figures that stood in the design
         # text")
         lg = np.array(logits, dtype=np.float32)
-        top = np.argpartition(-lg, self.top_k - 1, axis=-1)[:, : self.top_k]
+        top = top_k(lg, self.top_k)  # best first
         m = lg.max(axis=-1, keepdims=True)
         lse = m + np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
         probs = np.exp(np.take_along_axis(lg, top, axis=-1) - lse)
         ids = self.head.to_target_ids(top)
         for r, u in enumerate(nodes):
-            for i in np.argsort(-probs[r], kind="stable"):
+            for i in range(self.top_k):
                 tokens.append(int(ids[r, i]))
                 parents.append(u)
                 conf.append(float(probs[r, i]))

@@ -124,6 +124,7 @@ class Eagle3Head(nn.Module):
         c = self.config
         ids, index = vocab_index(target_ids, c.draft_vocab_size, c.vocab_size)
         self._ids = mx.array(ids.astype(np.int32))
+        self._ids_host = ids.astype(np.int64)  # the same on the host, for drafting's top-k
         self._index = mx.array(index)
 
     @property
@@ -140,7 +141,7 @@ class Eagle3Head(nn.Module):
         """Target ids of draft ids (mx or numpy, any shape)."""
         if isinstance(draft_ids, mx.array):
             return self._ids[draft_ids]
-        return np.array(self._ids)[np.asarray(draft_ids)]
+        return self._ids_host[np.asarray(draft_ids)]
 
     def to_draft_ids(self, target_ids: mx.array) -> mx.array:
         """Draft ids of target ids, -1 for those outside the draft vocabulary."""
