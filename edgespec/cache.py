@@ -16,6 +16,14 @@ engine (or a drafter, for its own cache) then calls
   where those run;
 - ``trim(n)``: forget the last ``n`` committed tokens (O(1)).
 
+**Written in place.** The native decoder stack (``targets/decoder.py``'s ``_run_stack``) writes
+a forward's rows straight into the buffers when the cache may give them up: no array it handed
+out (``keys`` / ``values``) or a fork's view may still hold them (``in_place_buffers``). The
+arrays then stay the same while their memory changes, so the cache keeps an output of the
+writing operation (``wrote``): the next stack forward runs after it, ``state`` includes it, and
+every other use of the buffers first makes them depend on it (``_settle``, one ``mx.depends``).
+Otherwise the forward's rows go in by slice updates, functional as every other write here.
+
 **Cache policy per layer.** ``window`` is None (every layer attends to everything), one int
 (every layer slides, as in Mistral) or one entry per layer (Gemma: sliding layers interleaved
 with global ones). A global layer keeps every entry. A sliding layer's keys that left its window
@@ -65,11 +73,68 @@ class KVCache:
         self.rollback = rollback
         self.gather = gather  # (keys, values, first, path) -> the rows first + path[j]
         self.move = move  # (buffers, firsts, path) -> the buffers with the rows moved, or None
-        self.keys: list[mx.array | None] = [None] * num_layers
-        self.values: list[mx.array | None] = [None] * num_layers
+        self._keys: list[mx.array | None] = [None] * num_layers
+        self._values: list[mx.array | None] = [None] * num_layers
         self.starts = [0] * num_layers  # absolute position held in slot 0, per layer
         self.offset = 0  # committed tokens: absolute position of the next one
         self._scratch = 0  # slots written by the current forward
+        # An output of the operation that last wrote the buffers in place (``wrote``), while
+        # nothing else depends on it; and whether the arrays may be held or viewed elsewhere
+        # (handed out by ``keys`` / ``values``, or viewed by a fork), until new ones replace
+        # them (``set_buffers``).
+        self._writer: mx.array | None = None
+        self._lent = False
+
+    # ---- the buffers ------------------------------------------------------------------------
+    #
+    # ``keys[i]`` / ``values[i]``: layer i's buffers (1, heads, capacity, dim), or None. The
+    # native decoder stack may write a forward's rows into them in place (``in_place_buffers``,
+    # ``wrote``): the arrays then stay the same while their memory changes, so until something
+    # reads them, the cache holds the writing operation's output and ``keys`` / ``values`` first
+    # make every buffer depend on it (one ``mx.depends``): whatever reads them afterwards runs
+    # after the writes. A stack forward that follows takes the writer as a dependency instead.
+
+    @property
+    def keys(self) -> list[mx.array | None]:
+        """The layers' key buffers, for reading: whoever takes them may hold them, so the
+        next forward does not write these arrays in place (``_lent``)."""
+        self._settle()
+        self._lent = True
+        return self._keys
+
+    @property
+    def values(self) -> list[mx.array | None]:
+        """The layers' value buffers (as ``keys``)."""
+        self._settle()
+        self._lent = True
+        return self._values
+
+    def _settle(self) -> None:
+        """Make every buffer depend on the pending in-place writer, if there is one."""
+        if self._writer is None:
+            return
+        held = [i for i, k in enumerate(self._keys) if k is not None]
+        after = mx.depends([self._keys[i] for i in held] + [self._values[i] for i in held],
+                           [self._writer])
+        for j, i in enumerate(held):
+            self._keys[i], self._values[i] = after[j], after[len(held) + j]
+        self._writer = None
+
+    def _settled(self) -> tuple[list[mx.array | None], list[mx.array | None]]:
+        """The buffers after any pending writer (``_settle``), for this cache's own use."""
+        self._settle()
+        return self._keys, self._values
+
+    def in_place_buffers(self) -> tuple[bool, list[mx.array]]:
+        """For a forward that may write the buffers in place (the native decoder stack):
+        whether it may (no one else may hold or view the arrays: ``_lent``), and what it must
+        run after (the pending writer)."""
+        return not self._lent, [] if self._writer is None else [self._writer]
+
+    def wrote(self, writer: mx.array) -> None:
+        """A forward wrote its rows into the buffers in place; ``writer`` is an output of the
+        operation that did (see the buffers' note above)."""
+        self._writer = writer
 
     @property
     def start(self) -> int:
@@ -78,7 +143,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        k = self.keys[0]
+        k = self._keys[0]
         return 0 if k is None else k.shape[2]
 
     def slots(self, layer: int) -> int:
@@ -107,9 +172,10 @@ class KVCache:
                 self._compact(i, drop)
 
     def _compact(self, layer: int, drop: int) -> None:
-        if self.keys[layer] is not None:  # scratch slots move too (see LowerLayers)
-            self.keys[layer] = self.keys[layer][:, :, drop:, :]
-            self.values[layer] = self.values[layer][:, :, drop:, :]
+        keys, values = self._settled()
+        if keys[layer] is not None:  # scratch slots move too (see LowerLayers)
+            keys[layer] = keys[layer][:, :, drop:, :]
+            values[layer] = values[layer][:, :, drop:, :]
         for j, s in enumerate(self.sources):  # the layer and those sharing its entries
             if s == layer:
                 self.starts[j] += drop
@@ -123,74 +189,87 @@ class KVCache:
         n = k.shape[2]
         a = self.slots(layer)
         b = a + n
-        if self.keys[layer] is None or b > self.keys[layer].shape[2]:
+        keys, values = self._settled()
+        if keys[layer] is None or b > keys[layer].shape[2]:
             self._grow(layer, (*k.shape[:2], k.shape[3], v.shape[3]), k.dtype, b)
-        self.keys[layer][..., a:b, :] = k
-        self.values[layer][..., a:b, :] = v
-        return self.keys[layer][..., :b, :], self.values[layer][..., :b, :]
+        keys[layer][..., a:b, :] = k
+        values[layer][..., a:b, :] = v
+        return keys[layer][..., :b, :], values[layer][..., :b, :]
 
     def read(self, layer: int, n: int) -> tuple[mx.array, mx.array]:
         """What shared layer ``layer`` attends to in a forward over ``n`` tokens: its source's
         committed entries plus the ``n`` scratch rows the source wrote earlier in this forward."""
         s = self.sources[layer]
         b = self.slots(s) + n
-        return self.keys[s][..., :b, :], self.values[s][..., :b, :]
+        keys, values = self._settled()
+        return keys[s][..., :b, :], values[s][..., :b, :]
 
     def write_buffers(self, layer: int, n: int, heads: int, dim: int,
-                      dtype=mx.float32) -> tuple[mx.array, mx.array, int]:
+                      dtype=mx.float32, in_place: bool = False) -> tuple[mx.array, mx.array, int]:
         """For an operation that writes a forward's keys/values itself (the native decoder
         block): ``layer``'s buffers (1, heads, capacity, dim), grown to hold ``n`` scratch rows
         after the committed ones, and where those rows go. Store what it returns with
-        ``set_buffers``."""
+        ``set_buffers``, or, where the operation writes them in place (``in_place``: the native
+        stack, after ``in_place_buffers``' writer), tell the cache with ``wrote``."""
         a = self.slots(layer)
-        if self.keys[layer] is None or a + n > self.keys[layer].shape[2]:
-            self._grow(layer, (1, heads, dim, dim), dtype, a + n)
-        return self.keys[layer], self.values[layer], a
+        keys, values = (self._keys, self._values) if in_place else self._settled()
+        k, v = keys[layer], values[layer]
+        if k is None or a + n > k.shape[2]:
+            self._grow(layer, (1, heads, dim, dim), dtype, a + n)  # reads the rows: settled
+            k, v = self._keys[layer], self._values[layer]
+        return k, v, a
 
     def set_buffers(self, layer: int, keys: mx.array, values: mx.array) -> None:
-        self.keys[layer], self.values[layer] = keys, values
+        """Store an operation's new buffers of ``layer`` (``write_buffers``). Arrays that a
+        functional operation returned are this cache's alone."""
+        held_k, held_v = self._settled()
+        held_k[layer], held_v[layer] = keys, values
+        self._lent = False
 
     def _grow(self, layer: int, shape: tuple[int, int, int, int], dtype, needed: int) -> None:
         B, H, D, Dv = shape
         size = ((needed + _STEP - 1) // _STEP) * _STEP
-        old_k, old_v = self.keys[layer], self.values[layer]
+        held_k, held_v = self._settled()
+        old_k, old_v = held_k[layer], held_v[layer]
         new_k = mx.zeros((B, H, size, D), dtype=dtype)
         new_v = mx.zeros((B, H, size, Dv), dtype=dtype)
         if old_k is not None:
             a = self.slots(layer)
             new_k[..., :a, :] = old_k[..., :a, :]
             new_v[..., :a, :] = old_v[..., :a, :]
-        self.keys[layer], self.values[layer] = new_k, new_v
+        held_k[layer], held_v[layer] = new_k, new_v
 
     def commit(self, path: list[int] | None = None) -> None:
         """Keep scratch nodes ``path`` (default: all of them, in order) as committed tokens."""
         n = self._scratch if path is None else len(path)
         if path is not None and path != list(range(n)) and not self._moved(path):
+            keys, values = self._settled()
             for i in self.owners:
                 a = self.slots(i)
                 if self.gather is not None:
-                    k, v = self.gather(self.keys[i], self.values[i], a, path)
+                    k, v = self.gather(keys[i], values[i], a, path)
                 else:
                     idx = mx.array([a + j for j in path])
-                    k, v = self.keys[i][..., idx, :], self.values[i][..., idx, :]
-                self.keys[i][..., a : a + n, :] = k
-                self.values[i][..., a : a + n, :] = v
+                    k, v = keys[i][..., idx, :], values[i][..., idx, :]
+                keys[i][..., a : a + n, :] = k
+                values[i][..., a : a + n, :] = v
         self.offset += n
         self._scratch = 0
 
     def _moved(self, path: list[int]) -> bool:
         """Move the rows of ``path`` in every owned buffer through ``move``; False where there
         is none or it declines (``commit`` then gathers)."""
-        held = [i for i in self.owners if self.keys[i] is not None]
+        keys, values = self._settled()
+        held = [i for i in self.owners if keys[i] is not None]
         if self.move is None or not held:
             return False
         firsts = [self.slots(i) for i in held]
-        moved = self.move([self.keys[i] for i in held] + [self.values[i] for i in held],
+        moved = self.move([keys[i] for i in held] + [values[i] for i in held],
                           firsts + firsts, path)
         if moved is None:
             return False
         for j, i in enumerate(held):
-            self.keys[i], self.values[i] = moved[j], moved[len(held) + j]
+            keys[i], values[i] = moved[j], moved[len(held) + j]
         return True
 
     def trim(self, n: int) -> None:
@@ -225,8 +304,10 @@ class KVCache:
         return offset
 
     def state(self) -> list[mx.array]:
-        """Arrays to evaluate so that pending writes are materialised."""
-        return [a for a in self.keys + self.values if a is not None]
+        """Arrays to evaluate so that pending writes are materialised (in-place ones: their
+        writer)."""
+        held = [a for a in self._keys + self._values if a is not None]
+        return held if self._writer is None else held + [self._writer]
 
     @property
     def floor(self) -> int:
@@ -238,7 +319,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the keys/values buffers the cache holds (the layers that own entries)."""
-        return sum(a.nbytes for i in self.owners for a in (self.keys[i], self.values[i])
+        return sum(a.nbytes for i in self.owners for a in (self._keys[i], self._values[i])
                    if a is not None)
 
     def fork(self, n: int) -> KVCache:
@@ -253,12 +334,14 @@ class KVCache:
             raise CacheRollbackError(f"cannot fork at offset {n}: this cache can return to "
                                      f"offsets {self.floor}..{self.offset}")
         new = copy.copy(self)
-        new.keys, new.values = list(self.keys), list(self.values)
+        keys, values = self._settled()  # the views come after any pending writer
+        new._keys, new._values = list(keys), list(values)
+        self._lent = new._lent = True  # the fork views this cache's buffers
         for i in self.owners:
-            if self.keys[i] is not None:
+            if keys[i] is not None:
                 rows = n - self.starts[i]
-                new.keys[i] = self.keys[i][..., :rows, :]
-                new.values[i] = self.values[i][..., :rows, :]
+                new._keys[i] = keys[i][..., :rows, :]
+                new._values[i] = values[i][..., :rows, :]
         new.starts = list(self.starts)
         new.offset, new._scratch = n, 0
         return new

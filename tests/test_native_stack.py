@@ -199,3 +199,132 @@ def test_layers_of_different_key_shapes_run_one_block_a_layer_with_the_same_bits
                                    False, [])
         assert mx.array_equal(k1[0], keys[i]).item() and mx.array_equal(v1[0], values[i]).item()
     assert mx.array_equal(h, out).item()
+
+
+# ---- the caches written in place ----------------------------------------------------------
+
+
+def _stack_inputs(target, rows: int, slots: int, rng):
+    """A stack of the target's blocks, x of ``rows`` rows and per layer a pair of random
+    buffers (capacity 16) with ``slots`` committed rows, as a chain's TreeMask would give."""
+    fused = [b._fused for b in target.model.model.layers]
+    shapes = [f.native_shape for f in fused]
+    x = mx.array(rng.standard_normal((1, rows, target.args.hidden_size), dtype=np.float32))
+    anc = mx.array(np.array([[(2 << i) - 1, 0] for i in range(rows)], dtype=np.uint32))
+    qpos = mx.array(np.arange(slots, slots + rows, dtype=np.int32))
+    buffers = [(rng.standard_normal((1, s[2], 16, s[3]), dtype=np.float32),
+                rng.standard_normal((1, s[2], 16, s[3]), dtype=np.float32)) for s in shapes]
+    return fused, shapes, x, anc, qpos, buffers
+
+
+def test_a_forward_in_place_writes_the_rows_the_slice_updates_write(mod, tiny_models):
+    """``in_place``: the rows go into the buffers given (keys and values come back empty), with
+    the bits the slice updates give, and the output is the same; the next forward may read
+    them through ``after`` alone."""
+    target = load_target(tiny_models.path(layers=3), dtype="float32")
+    rng = np.random.default_rng(5)
+    fused, shapes, x, anc, qpos, buffers = _stack_inputs(target, 3, 5, rng)
+    stack = mod.DecoderStack([f.native_args for f in fused], shapes)
+    args = ([anc] * 3, [qpos] * 3, [5] * 3, [0] * 3, [0] * 3, False, [1])
+    k0 = [mx.array(k) for k, _ in buffers]
+    v0 = [mx.array(v) for _, v in buffers]
+    out, keys, values, got = stack.forward(x, k0, v0, *args)
+    k1 = [mx.array(k) for k, _ in buffers]
+    v1 = [mx.array(v) for _, v in buffers]
+    out1, none_k, none_v, got1 = stack.forward(x, k1, v1, *args, in_place=True)
+    assert none_k == [] and none_v == []
+    mx.eval(out1)
+    assert mx.array_equal(out, out1).item() and mx.array_equal(got[0], got1[0]).item()
+    for a, b in zip(keys + values, k1 + v1):
+        assert mx.array_equal(a, b).item()
+    # a second forward that reads the rows through `after` only: as a functional one would
+    x2 = x[:, :1] * 0.5
+    args2 = ([anc[:1]] * 3, [qpos[:1] + 3] * 3, [8] * 3, [0] * 3, [0] * 3, False, [])
+    want, *_ = stack.forward(x2, keys, values, *args2)
+    k2 = [mx.array(k) for k, _ in buffers]
+    v2 = [mx.array(v) for _, v in buffers]
+    first, *_ = stack.forward(x, k2, v2, *args, in_place=True)  # not evaluated
+    second, *_ = stack.forward(x2, k2, v2, *args2, in_place=True, after=[first])
+    assert mx.array_equal(second, want).item()
+
+
+def test_a_buffer_given_twice_or_sharing_memory_is_not_written_over(mod, tiny_models):
+    """The same array as keys and values: the forward is functional (keys come back). Two
+    views of one buffer: the second gets a buffer of its own first (counted), and the rows
+    are the functional forward's."""
+    target = load_target(tiny_models.path(layers=1), dtype="float32")
+    rng = np.random.default_rng(6)
+    fused, shapes, x, anc, qpos, buffers = _stack_inputs(target, 2, 4, rng)
+    stack = mod.DecoderStack([f.native_args for f in fused], shapes)
+    args = ([anc], [qpos], [4], [0], [0], False, [])
+    same = mx.array(buffers[0][0])
+    want, keys, values, _ = stack.forward(x, [same], [same], *args)
+    twice = mx.array(buffers[0][0])
+    out, k, v, _ = stack.forward(x, [twice], [twice], *args, in_place=True)
+    assert len(k) == len(v) == 1 and mx.array_equal(out, want).item()
+    both = mx.array(np.concatenate(buffers[0]))  # (2, kv heads, 16, D): keys, then values
+    mx.eval(both)
+    k, v = both[0:1], both[1:2]
+    mx.eval(k, v)
+    before = mod.decoder_blocks_copies()
+    out, *_ = stack.forward(x, [k], [v], *args, in_place=True)
+    mx.eval(out)
+    assert mod.decoder_blocks_copies() == before + 1
+    want, keys, values, _ = stack.forward(x, [mx.array(buffers[0][0])],
+                                          [mx.array(buffers[0][1])], *args)
+    assert mx.array_equal(out, want).item()
+    assert mx.array_equal(k, keys[0]).item() and mx.array_equal(v, values[0]).item()
+
+
+def test_a_decoding_writes_its_cache_in_place_and_readers_see_the_rows(mod, tiny_models,
+                                                                        monkeypatch):
+    """Every stack forward of a decoding writes the cache's own buffers in place (no copies);
+    whatever reads them afterwards, built lazily or not (``keys``, a commit that moves rows, a
+    fork), sees them; an array handed out, or a fork's view, keeps its rows when the cache is
+    written again (it is then written by slice updates, and in place from the next forward)."""
+    from edgespec.cache import KVCache
+
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    ids = [(7 * i + 2) % 200 + 4 for i in range(40)]
+    modes = []
+    real = KVCache.in_place_buffers
+    monkeypatch.setattr(KVCache, "in_place_buffers",
+                        lambda self: modes.append(real(self)[0]) or real(self))
+
+    def decode(cache):
+        target.score(ids[:20], cache, head=False)
+        cache.commit()
+        for i in range(3):  # not evaluated between the forwards
+            target.score(ids[20 + i : 21 + i], cache)
+            cache.commit()
+        tree = DraftTree([ids[23], 9, 10, 11], [-1, 0, 0, 1])
+        logits = target.score(tree, cache).logits
+        cache.commit([0, 2])  # a branch: its rows move
+        return logits
+
+    copies = mod.decoder_blocks_copies()
+    cache = target.make_cache()
+    got = decode(cache)
+    assert all(modes) and len(modes) == 5 and mod.decoder_blocks_copies() == copies
+    kv = [np.array(a[..., : cache.slots(i), :]) for buffers in (cache.keys, cache.values)
+          for i, a in enumerate(buffers)]
+    monkeypatch.setattr(KVCache, "in_place_buffers", lambda self: (False, real(self)[1]))
+    other = target.make_cache()
+    want = decode(other)
+    assert mx.array_equal(got, want).item()
+    for a, b in zip(kv, [np.array(a[..., : other.slots(i), :]) for bufs in (other.keys,
+                         other.values) for i, a in enumerate(bufs)], strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a fork views the committed rows; the cache trimmed below them writes again
+    monkeypatch.setattr(KVCache, "in_place_buffers",
+                        lambda self: modes.append(real(self)[0]) or real(self))
+    fork = cache.fork(cache.offset)
+    seen = [np.array(k) for k in fork.keys if k is not None]
+    cache.trim(4)
+    modes.clear()
+    for i in range(3):
+        target.score([ids[30 + i]], cache)
+        cache.commit()
+    assert modes == [False, True, True]  # slice updates once, then in place again
+    for k, was in zip([k for k in fork.keys if k is not None], seen):
+        np.testing.assert_array_equal(np.array(k), was)

@@ -196,9 +196,11 @@ class Decoder(nn.Module):
         """``_run`` through ``stack`` (``_stack_for``): the same outputs and cache rows."""
         x = self.embed(tokens) if hidden is None else hidden
         n = x.shape[1]
+        in_place, after = cache.in_place_buffers()
         keys, values, slots, ancs, qposs, starts, windows = [], [], [], [], [], [], []
         for i, (m, f) in enumerate(zip(masks, self._stack[0])):
-            k, v, at = cache.write_buffers(i, n, f.native_shape[2], f.native_shape[3])
+            k, v, at = cache.write_buffers(i, n, f.native_shape[2], f.native_shape[3],
+                                           in_place=in_place)
             keys.append(k)
             values.append(v)
             slots.append(at)
@@ -208,10 +210,14 @@ class Decoder(nn.Module):
             starts.append(m.key_start)
             windows.append(m.window or 0)
         wanted = sorted(c for c in set(capture) if 0 <= c <= len(keys))
-        out, keys, values, got = stack.forward(x, keys, values, ancs, qposs, slots, starts,
-                                               windows, masks[0].native_block[1], wanted)
-        for i, (k, v) in enumerate(zip(keys, values)):
-            cache.set_buffers(i, k, v)
+        out, new_keys, new_values, got = stack.forward(
+            x, keys, values, ancs, qposs, slots, starts, windows, masks[0].native_block[1],
+            wanted, in_place, after)
+        if not new_keys:
+            cache.wrote(out)  # the rows went into the buffers given
+        else:  # new buffers (layers of different key/value shapes, or a fork's views)
+            for i, (k, v) in enumerate(zip(new_keys, new_values)):
+                cache.set_buffers(i, k, v)
         return out, dict(zip(wanted, got))
 
     def _run(self, tokens, positions, masks, cache, layers, hidden, capture):

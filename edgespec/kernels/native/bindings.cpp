@@ -144,15 +144,25 @@ NB_MODULE(_edgespec_native, m) {
              const std::vector<edgespec_native::mx::array>& anc,
              const std::vector<edgespec_native::mx::array>& qpos,
              const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
-             const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture) {
+             const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture,
+             bool in_place, const std::vector<edgespec_native::mx::array>& after) {
             auto r = st.forward(x, keys, values, anc, qpos, slots, key_starts, windows, q8,
-                                capture);
+                                capture, in_place, after);
             return std::make_tuple(r.out, r.keys, r.values, r.captured);
           },
           "x"_a, "keys"_a, "values"_a, "anc"_a, "qpos"_a, "slots"_a, "key_starts"_a,
-          "windows"_a, "q8"_a, "capture"_a,
+          "windows"_a, "q8"_a, "capture"_a, "in_place"_a = false,
+          "after"_a = std::vector<edgespec_native::mx::array>{},
           "Every layer over x's rows in turn: returns (out, keys, values, captured), the "
-          "layers' cache buffers with the new rows and x as it entered each layer in capture.");
+          "layers' cache buffers with the new rows and x as it entered each layer in capture. "
+          "in_place (the caller gives the buffers up: no other array holds or views them): "
+          "where the layers share one key/value shape and no buffer is given twice, the "
+          "operation that makes out writes the rows into the buffers given, and keys and "
+          "values come back empty (anything that reads the buffers must come after out: "
+          "`after` of the next forward, mx.depends). after: arrays the operation waits for "
+          "and does not read.");
+  m.def("decoder_blocks_copies", &edgespec_native::decoder_blocks_copies,
+        "How many cache buffers a stack forward has copied before writing them in place.");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");
   m.def("set_isa", &edgespec_native::set_isa, "name"_a,
         "Selects an ISA the CPU supports (for tests); returns whether it did.");

@@ -1,8 +1,10 @@
 // See block.h.
 #include "block.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -151,8 +153,17 @@ void run_block(const BlockJob& j) {
   }
   float *xn = part[0], *y = part[1], *q = part[2], *attn = part[3], *attn_rows = part[4],
         *hdn = part[5], *g = part[6], *act = part[7];
-  float* k_rows = split ? part[8] : j.k_out[0];
-  float* v_rows = split ? part[9] : j.v_out[0];
+  // Where the new keys/values go, head h of row m at h * k_rh + m * k_rt: the forward's own
+  // rows (kv_heads, N, D), or, for one sequence whose k_out is null, its cache's buffer from
+  // row `slots` on (DecoderBlocks writes the caches in place).
+  const bool in_cache = !split && j.k_out[0] == nullptr;
+  const Segment& g0 = j.segs[0];
+  float* k_rows = split ? part[8] : in_cache ? const_cast<float*>(g0.keys) + g0.slots * g0.k_t
+                                              : j.k_out[0];
+  float* v_rows = split ? part[9] : in_cache ? const_cast<float*>(g0.values) + g0.slots * g0.v_t
+                                              : j.v_out[0];
+  const int64_t k_rh = in_cache ? g0.k_h : N * D, k_rt = in_cache ? g0.k_t : D;
+  const int64_t v_rh = in_cache ? g0.v_h : N * D, v_rt = in_cache ? g0.v_t : D;
   // input norm, q|k|v
   if (s.dual) {  // the embedding half and the hidden half, each with its own norm
     rms_rows(j.x, K, j.n1, xn, K, N, H, s.eps);
@@ -163,8 +174,8 @@ void run_block(const BlockJob& j) {
   product(j.w[QKV], j.q8, xn, N, K, y, nqkv);
   add_bias(y, j.bqkv, N, nqkv);
   // RoPE; k and v into this forward's rows
-  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, k_rows, v_rows, N * D, D, N * D, D,
-             N * D, D, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
+  RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, k_rows, v_rows, N * D, D, k_rh, k_rt,
+             v_rh, v_rt, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
              s.rope_scale};
   qkv_rope_rows(r);
   // attention, each sequence over its committed rows (its cache) and its new ones, all
@@ -176,7 +187,7 @@ void run_block(const BlockJob& j) {
     calls.push_back({q + at * D, g.keys, g.values, attn + at * nq, j.anc + 2 * at, j.qpos + at,
                      n, g.slots + n, g.slots, s.heads, s.kv_heads, D, g.key_start, g.window,
                      s.attn_scale, 0.0f, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
-                     k_rows + at * D, v_rows + at * D, N * D, D, N * D, D});
+                     k_rows + at * k_rt, v_rows + at * v_rt, k_rh, k_rt, v_rh, v_rt});
   }
   run_tree_attention_many(calls, true);
   for (const Segment& g : j.segs) {
@@ -418,6 +429,35 @@ mx::array into_cache(const mx::array& cache, const mx::array& rows, int64_t slot
   return mx::slice_update(cache, rows, start, stop, st);
 }
 
+// How many cache buffers DecoderBlocks has copied before writing them (own_buffer).
+std::atomic<int64_t> buffer_copies{0};
+
+// Gives `cache` (a float32 cache buffer that DecoderBlocks is about to write in place) a
+// row-contiguous buffer of its own, holding what it holds: another buffer given that shares
+// its memory keeps the old one unchanged. The new buffer is set now, on the host, so the
+// blocks' pointers are its; the copy is the returned function, which the operation's task runs
+// first (the old buffer's contents are ready only there; the encoder holds it until then).
+std::function<void()> own_buffer(const mx::array& cache, mx::cpu::CommandEncoder& encoder) {
+  ++buffer_copies;
+  mx::array old(cache.shape(), cache.dtype(), nullptr, {});
+  old.copy_shared_buffer(cache);  // the old buffer, its strides and offset
+  mx::array fresh = cache;        // the same array: its new buffer is the caller's too
+  fresh.set_data(mx::allocator::malloc(cache.nbytes()));
+  encoder.add_temporary(old);
+  return [src = old.data<float>(), dst = fresh.data<float>(), shape = cache.shape(),
+          strides = old.strides(), n = int64_t(cache.size())]() {
+    const int64_t rows = shape[3];  // the last axis: contiguous in a readable view, else not
+    for (int64_t e = 0; e < n; e += rows) {
+      int64_t rest = e / rows, at = 0;
+      for (int d = 2; d >= 0; --d) {
+        at += rest % shape[d] * strides[d];
+        rest /= shape[d];
+      }
+      for (int64_t t = 0; t < rows; ++t) dst[e + t] = src[at + t * strides[3]];
+    }
+  };
+}
+
 // Binds an operation's inputs and newly allocated outputs to the stream's command encoder.
 void bind_arrays(mx::cpu::CommandEncoder& encoder, const std::vector<mx::array>& inputs,
                  std::vector<mx::array>& outputs) {
@@ -465,7 +505,8 @@ StackOut DecoderStack::forward(
     const mx::array& x0, const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
     const std::vector<mx::array>& anc, const std::vector<mx::array>& qpos,
     const std::vector<int64_t>& slots, const std::vector<int64_t>& key_starts,
-    const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture) const {
+    const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture,
+    bool in_place, const std::vector<mx::array>& after) const {
   const size_t L = shapes_.size();
   check(keys.size() == L && values.size() == L && anc.size() == L && qpos.size() == L &&
             slots.size() == L && key_starts.size() == L && windows.size() == L,
@@ -515,7 +556,15 @@ StackOut DecoderStack::forward(
     st = check_block(block, shapes[i], {segs[i]});
     inputs.insert(inputs.end(), block.begin() + 1, block.end());
   }
-  out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
+  // In place only where no array is given as two layers' or as both keys and values
+  for (size_t i = 0; in_place && i < L; ++i)
+    for (size_t e = 0; in_place && e <= i; ++e)
+      in_place = values[i].id() != keys[e].id() && (e == i || (keys[i].id() != keys[e].id() &&
+                                                               values[i].id() != values[e].id()
+                                                               && keys[i].id() != values[e].id()));
+  if (!in_place)
+    out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
+  inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
   std::vector<int> inner;  // capture points inside the stack: their hidden states are outputs
   for (int c : capture)
     if (c > 0 && size_t(c) < L) {
@@ -524,22 +573,25 @@ StackOut DecoderStack::forward(
     }
   auto outs = mx::array::make_arrays(
       out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
-      std::make_shared<DecoderBlocks>(st, shapes, segs, inner), inputs);
-  // Layer i's new keys (2i) and values (2i + 1) into its caches, as decoder_block_op puts them
+      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, in_place), inputs);
+  const size_t first_inner = in_place ? 1 : 2;  // after out, and the new rows unless in place
   StackOut r{outs[0], {}, {}, {}};
-  r.keys.reserve(L);
-  r.values.reserve(L);
-  const int n = static_cast<int>(rows), kvh = shapes_[0].kv_heads, D = shapes_[0].head_dim;
-  for (size_t i = 0; i < L; ++i) {
-    const int j = 2 * static_cast<int>(i);
-    r.keys.push_back(into_cache(keys[i], mx::slice(outs[1], {j, 0, 0, 0}, {j + 1, kvh, n, D}, st),
-                                slots[i], st));
-    r.values.push_back(into_cache(
-        values[i], mx::slice(outs[1], {j + 1, 0, 0, 0}, {j + 2, kvh, n, D}, st), slots[i], st));
+  if (!in_place) {  // layer i's new keys (2i) and values (2i + 1) into its caches by slice updates
+    r.keys.reserve(L);
+    r.values.reserve(L);
+    const int n = static_cast<int>(rows), kvh = shapes_[0].kv_heads, D = shapes_[0].head_dim;
+    for (size_t i = 0; i < L; ++i) {
+      const int j = 2 * static_cast<int>(i);
+      r.keys.push_back(into_cache(
+          keys[i], mx::slice(outs[1], {j, 0, 0, 0}, {j + 1, kvh, n, D}, st), slots[i], st));
+      r.values.push_back(into_cache(
+          values[i], mx::slice(outs[1], {j + 1, 0, 0, 0}, {j + 2, kvh, n, D}, st), slots[i],
+          st));
+    }
   }
   size_t k = 0;
   for (int c : capture)
-    r.captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[2 + k++]);
+    r.captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[first_inner + k++]);
   return r;
 }
 
@@ -550,23 +602,44 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
   const size_t L = shapes_.size();
   const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0].rows * shapes_[0].head_dim;
   const int64_t n = given[0].shape(-2) * shapes_[0].hidden;
-  float* kv = outputs[1].data<float>();
+  // In place: each layer's cache buffers take its new rows; one whose last axis is strided, or
+  // that shares its memory with another buffer given, first gets a buffer of its own
+  // (own_buffer). Else the rows go to outputs[1], layer i's keys at 2i, values at 2i + 1.
+  float* kv = in_place_ ? nullptr : outputs[1].data<float>();
+  std::vector<size_t> first(L);
+  std::vector<mx::array> caches;
+  for (size_t i = 0, at = 1; i < L; at += weights_end_of(shapes_[i]) - 1, ++i) {
+    first[i] = at;
+    caches.push_back(given[at]);
+    caches.push_back(given[at + 1]);
+  }
+  std::vector<std::function<void()>> copies;
+  for (size_t c = 0; in_place_ && c < caches.size(); ++c) {
+    bool alone = caches[c].strides()[3] == 1;
+    for (size_t e = 0; alone && e < c; ++e) {
+      const char *a = static_cast<const char*>(caches[c].buffer().raw_ptr()),
+                 *b = static_cast<const char*>(caches[e].buffer().raw_ptr());
+      alone = a != b;
+    }
+    if (!alone) copies.push_back(own_buffer(caches[c], encoder));
+  }
   std::vector<BlockJob> jobs;
   jobs.reserve(L);
   std::vector<float*> captures(L, nullptr);
-  size_t at = 1, c = 0;
+  size_t c = 0;
   for (size_t i = 0; i < L; ++i) {
     const size_t count = weights_end_of(shapes_[i]) - 1;
-    std::vector<mx::array> block{given[0]};
-    block.insert(block.end(), given.begin() + at, given.begin() + at + count);
-    at += count;
+    std::vector<mx::array> block{given[0], caches[2 * i], caches[2 * i + 1]};
+    block.insert(block.end(), given.begin() + first[i] + 2, given.begin() + first[i] + count);
     jobs.push_back(block_job(shapes_[i], {segs_[i]}, block, i == 0, encoder, nullptr,
-                             {kv + (2 * i) * per}, {kv + (2 * i + 1) * per}));
+                             {kv ? kv + (2 * i) * per : nullptr},
+                             {kv ? kv + (2 * i + 1) * per : nullptr}));
     if (c < capture_.size() && size_t(capture_[c]) == i)
-      captures[i] = outputs[2 + c++].data<float>();
+      captures[i] = outputs[(in_place_ ? 1 : 2) + c++].data<float>();
   }
   encoder.dispatch([jobs = std::move(jobs), captures = std::move(captures),
-                    out = outputs[0].data<float>(), n]() mutable {
+                    copies = std::move(copies), out = outputs[0].data<float>(), n]() mutable {
+    for (auto& copy : copies) copy();
     thread_local std::vector<float> between;
     if (static_cast<int64_t>(between.size()) < 2 * n) between.resize(2 * n);
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -584,15 +657,17 @@ void DecoderBlocks::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arra
 
 bool DecoderBlocks::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderBlocks&>(other);
-  return shapes_ == o.shapes_ && segs_ == o.segs_ && capture_ == o.capture_;
+  return shapes_ == o.shapes_ && segs_ == o.segs_ && capture_ == o.capture_ &&
+         in_place_ == o.in_place_;
 }
 
 std::vector<mx::Shape> DecoderBlocks::output_shapes(const std::vector<mx::array>& in) {
   mx::Shape out = in[0].shape();
   out.back() = shapes_[0].hidden;
   std::vector<mx::Shape> shapes{out};
-  shapes.push_back({int(2 * shapes_.size()), shapes_[0].kv_heads, int(segs_[0].rows),
-                    shapes_[0].head_dim});
+  if (!in_place_)
+    shapes.push_back({int(2 * shapes_.size()), shapes_[0].kv_heads, int(segs_[0].rows),
+                      shapes_[0].head_dim});
   for (size_t c = 0; c < capture_.size(); ++c) shapes.push_back(out);
   return shapes;
 }
@@ -686,5 +761,7 @@ void DecoderBlock::eval_cpu(const std::vector<mx::array>& given,
 void DecoderBlock::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("EdgespecDecoderBlock has no GPU form; the FusedBlock path runs there");
 }
+
+int64_t decoder_blocks_copies() { return buffer_copies.load(); }
 
 }  // namespace edgespec_native

@@ -75,7 +75,12 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
 // `layers` entries: keys/values the layer's cache buffers, anc/qpos its TreeMask's arrays,
 // slots/key_starts/windows its SegmentSpec. Returns the last block's out, each layer's keys'
 // and values', and x as it enters each layer listed in `capture` (increasing; the layer count
-// itself: the last out).
+// itself: the last out). `in_place` (the caller gives the buffers up: nothing else holds or
+// views them) lets DecoderBlocks write the rows into the buffers given; keys' and values' are
+// then empty (the buffers are the ones given, changed by the task that makes out, so whatever
+// reads them must come after out), which happens where the layers share one key/value shape
+// and no buffer is given twice. `after`: arrays the operation waits for and does not read (the
+// previous in-place forward's out).
 struct StackOut {
   mx::array out;
   std::vector<mx::array> keys, values, captured;
@@ -85,13 +90,11 @@ class DecoderStack {
  public:
   DecoderStack(std::vector<std::vector<mx::array>> layer_args, std::vector<BlockShape> shapes);
   StackOut forward(const mx::array& x, const std::vector<mx::array>& keys,
-                                 const std::vector<mx::array>& values,
-                                 const std::vector<mx::array>& anc,
-                                 const std::vector<mx::array>& qpos,
-                                 const std::vector<int64_t>& slots,
-                                 const std::vector<int64_t>& key_starts,
-                                 const std::vector<int64_t>& windows, bool q8,
-                                 const std::vector<int>& capture) const;
+                   const std::vector<mx::array>& values, const std::vector<mx::array>& anc,
+                   const std::vector<mx::array>& qpos, const std::vector<int64_t>& slots,
+                   const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows,
+                   bool q8, const std::vector<int>& capture, bool in_place = false,
+                   const std::vector<mx::array>& after = {}) const;
   size_t layers() const { return shapes_.size(); }
 
  private:
@@ -102,18 +105,21 @@ class DecoderStack {
 // A DecoderStack forward's blocks as one operation and one task on the stream: the same bits
 // as one DecoderBlock a layer, without MLX scheduling 30 operations and releasing their inputs
 // between the blocks. Inputs: x, then each layer's block inputs after x (keys, values, anc,
-// qpos, inv_freq, n1, n2, bqkv, bgu, bd, its weights; one sequence). Outputs: the last block's
-// output; every layer's new keys and values in one array (2 layers, kv_heads, rows, head_dim:
-// layer i's keys at 2i, values at 2i + 1; one array, because MLX holds an operation's inputs
-// once per output, and 600 inputs times 61 outputs cost more than the blocks saved); then the
-// hidden state before each layer of `capture` (inside the stack: 0 < c < layers). Layers must
+// qpos, inv_freq, n1, n2, bqkv, bgu, bd, its weights; one sequence), then the `after` arrays
+// (not read). Outputs: the last block's output; unless in place, every layer's new keys and
+// values in one array (2 layers, kv_heads, rows, head_dim: layer i's keys at 2i, values at
+// 2i + 1; one array, because MLX holds an operation's inputs once per output, and 600 inputs
+// times 61 outputs cost more than the blocks saved), which 2 x layers slices and slice updates
+// put in the caches; then the hidden state before each layer of `capture` (inside the stack:
+// 0 < c < layers). In place, the rows are written straight into the cache buffers given
+// (DecoderStack::forward's contract), which saves those 120 operations a forward. Layers must
 // share their key/value shape (DecoderStack runs one DecoderBlock a layer otherwise).
 class DecoderBlocks : public mx::Primitive {
  public:
   DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes, std::vector<SegmentSpec> segs,
-                std::vector<int> capture)
+                std::vector<int> capture, bool in_place)
       : mx::Primitive(stream), shapes_(std::move(shapes)), segs_(std::move(segs)),
-        capture_(std::move(capture)) {}
+        capture_(std::move(capture)), in_place_(in_place) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "EdgespecDecoderBlocks"; }
@@ -124,7 +130,12 @@ class DecoderBlocks : public mx::Primitive {
   std::vector<BlockShape> shapes_;
   std::vector<SegmentSpec> segs_;
   std::vector<int> capture_;
+  bool in_place_;
 };
+
+// How many cache buffers DecoderBlocks has copied before writing into them in place, since
+// the module loaded (one given twice, or strided: own_buffer in block.cpp).
+int64_t decoder_blocks_copies();
 
 class DecoderBlock : public mx::Primitive {
  public:
