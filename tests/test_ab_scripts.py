@@ -70,3 +70,28 @@ def test_corpus_questions_are_the_runs_first_questions_outside_the_held_out_set(
     assert after == run[:first] + [run[first + 1]] and run[first + 1].strip() not in held
     with pytest.raises(ValueError, match="fewer than"):
         script.questions_file(1, 10**6)
+
+
+def test_cache_in_place_ab_switches_the_writes_and_puts_them_back(monkeypatch):
+    """``slice updates`` makes ``KVCache.in_place_buffers`` answer no (keeping the writer to wait
+    for), and ``decode`` puts the method back however it ends."""
+    import mlx.core as mx
+
+    from edgespec.cache import KVCache
+
+    ab = load_script("cache_in_place_ab")
+    cache = KVCache(2)
+    assert ab.slice_updates(cache) == (False, [])
+    writer = mx.array([1.0])
+    cache.wrote(writer)
+    ok, after = ab.slice_updates(cache)
+    assert not ok and len(after) == 1 and after[0] is writer
+
+    def fails(*a, **kw):
+        assert KVCache.in_place_buffers is ab.slice_updates
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ab, "Engine", fails)
+    with pytest.raises(RuntimeError):
+        ab.decode(None, "none", "hi", "slice updates")
+    assert KVCache.in_place_buffers is ab.IN_PLACE
