@@ -22,7 +22,8 @@ out (``keys`` / ``values``) or a fork's view may still hold them (``in_place_buf
 arrays then stay the same while their memory changes, so the cache keeps an output of the
 writing operation (``wrote``): the next stack forward runs after it, ``state`` includes it, and
 every other use of the buffers first makes them depend on it (``_settle``, one ``mx.depends``).
-Otherwise the forward's rows go in by slice updates, functional as every other write here.
+Otherwise (some layer's arrays lent, until an operation gives that layer new buffers) the
+forward's rows go in by slice updates, functional as every other write here.
 
 **Cache policy per layer.** ``window`` is None (every layer attends to everything), one int
 (every layer slides, as in Mistral) or one entry per layer (Gemma: sliding layers interleaved
@@ -79,11 +80,11 @@ class KVCache:
         self.offset = 0  # committed tokens: absolute position of the next one
         self._scratch = 0  # slots written by the current forward
         # An output of the operation that last wrote the buffers in place (``wrote``), while
-        # nothing else depends on it; and whether the arrays may be held or viewed elsewhere
-        # (handed out by ``keys`` / ``values``, or viewed by a fork), until new ones replace
-        # them (``set_buffers``).
+        # nothing else depends on it; and, per layer, whether its arrays may be held or viewed
+        # elsewhere (handed out by ``keys`` / ``values``, or viewed by a fork), until new ones
+        # replace them (``set_buffers``).
         self._writer: mx.array | None = None
-        self._lent = False
+        self._lent = [False] * num_layers
 
     # ---- the buffers ------------------------------------------------------------------------
     #
@@ -96,18 +97,18 @@ class KVCache:
 
     @property
     def keys(self) -> list[mx.array | None]:
-        """The layers' key buffers, for reading: whoever takes them may hold them, so the
-        next forward does not write these arrays in place (``_lent``)."""
+        """The layers' key buffers (a new list), for reading: whoever takes them may hold
+        them, so no forward writes these arrays in place (``_lent``)."""
         self._settle()
-        self._lent = True
-        return self._keys
+        self._lent = [True] * self.num_layers
+        return list(self._keys)
 
     @property
     def values(self) -> list[mx.array | None]:
         """The layers' value buffers (as ``keys``)."""
         self._settle()
-        self._lent = True
-        return self._values
+        self._lent = [True] * self.num_layers
+        return list(self._values)
 
     def _settle(self) -> None:
         """Make every buffer depend on the pending in-place writer, if there is one."""
@@ -129,7 +130,7 @@ class KVCache:
         """For a forward that may write the buffers in place (the native decoder stack):
         whether it may (no one else may hold or view the arrays: ``_lent``), and what it must
         run after (the pending writer)."""
-        return not self._lent, [] if self._writer is None else [self._writer]
+        return not any(self._lent), [] if self._writer is None else [self._writer]
 
     def wrote(self, writer: mx.array) -> None:
         """A forward wrote its rows into the buffers in place; ``writer`` is an output of the
@@ -224,7 +225,7 @@ class KVCache:
         functional operation returned are this cache's alone."""
         held_k, held_v = self._settled()
         held_k[layer], held_v[layer] = keys, values
-        self._lent = False
+        self._lent[layer] = False
 
     def _grow(self, layer: int, shape: tuple[int, int, int, int], dtype, needed: int) -> None:
         B, H, D, Dv = shape
@@ -327,7 +328,8 @@ class KVCache:
         leave them; the two never share an array object. The fork's buffers are views of
         exactly its committed rows, so its first write grows into buffers of its own (``_grow``
         copies the rows) and this cache never sees what the fork writes, nor the fork what this
-        one writes (MLX updates are functional; only the Python object is rebound). ``n`` must
+        one writes: both caches count as lent (``_lent``), so neither writes these arrays in
+        place, and every other write is functional. ``n`` must
         lie in ``[floor, offset]`` (else :class:`CacheRollbackError`); a subclass with state
         of its own (``HybridCache``) extends it."""
         if not self.floor <= n <= self.offset:
@@ -336,7 +338,8 @@ class KVCache:
         new = copy.copy(self)
         keys, values = self._settled()  # the views come after any pending writer
         new._keys, new._values = list(keys), list(values)
-        self._lent = new._lent = True  # the fork views this cache's buffers
+        new._writer = None  # the views depend on it already (settled)
+        self._lent, new._lent = [True] * self.num_layers, [True] * self.num_layers
         for i in self.owners:
             if keys[i] is not None:
                 rows = n - self.starts[i]

@@ -173,7 +173,8 @@ def test_the_stack_rounds_x_as_the_per_layer_path_inside_any_scope(mod, tiny_mod
 
 def test_layers_of_different_key_shapes_run_one_block_a_layer_with_the_same_bits(mod, tiny_models):
     """A stack whose layers differ in kv heads (the one-operation form needs one key/value
-    shape) gives what its layers give as one-layer stacks, one after the other."""
+    shape) gives what its layers give as one-layer stacks, one after the other, by slice
+    updates even when asked to write in place."""
     a = load_target(tiny_models.path(layers=1, kv_heads=2), dtype="float32")
     b = load_target(tiny_models.path(layers=1, kv_heads=1), dtype="float32")
     fused = [a.model.model.layers[0]._fused, b.model.model.layers[0]._fused]
@@ -192,6 +193,11 @@ def test_layers_of_different_key_shapes_run_one_block_a_layer_with_the_same_bits
     kvs = [buffers(s) for s in shapes]
     out, keys, values, _ = stack.forward(x, [k for k, _ in kvs], [v for _, v in kvs], [anc] * 2,
                                          [qpos] * 2, [5, 5], [0, 0], [0, 0], False, [])
+    # asked to write in place, such a stack still returns new buffers, after `after`
+    again, k2, v2, _ = stack.forward(x, [k for k, _ in kvs], [v for _, v in kvs], [anc] * 2,
+                                     [qpos] * 2, [5, 5], [0, 0], [0, 0], False, [],
+                                     in_place=True, after=[x * 2])
+    assert len(k2) == len(v2) == 2 and mx.array_equal(again, out).item()
     h = x
     for i, f in enumerate(fused):
         one = mod.DecoderStack([f.native_args], [shapes[i]])
@@ -328,3 +334,36 @@ def test_a_decoding_writes_its_cache_in_place_and_readers_see_the_rows(mod, tiny
     assert modes == [False, True, True]  # slice updates once, then in place again
     for k, was in zip([k for k in fork.keys if k is not None], seen):
         np.testing.assert_array_equal(np.array(k), was)
+
+
+def test_a_forward_over_some_layers_leaves_the_others_lent(mod, tiny_models, monkeypatch):
+    """Lent is per layer: a forward over the first layers only (a lower-layers draft) gives
+    those layers new buffers, and the next full forward still writes the others by slice
+    updates, so an array handed out and a fork's view keep their rows. ``keys`` is a new list:
+    holding it does not expose what the cache puts in later."""
+    from edgespec.cache import KVCache
+
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    ids = [(11 * i + 5) % 200 + 4 for i in range(30)]
+    modes = []
+    real = KVCache.in_place_buffers
+    monkeypatch.setattr(KVCache, "in_place_buffers",
+                        lambda self: modes.append(real(self)[0]) or real(self))
+    cache = target.make_cache()
+    target.score(ids[:20], cache, head=False)
+    cache.commit()
+    held = cache.keys
+    upper = held[1]
+    before = np.array(upper)
+    fork = cache.fork(20)
+    seen = np.array(fork.keys[1])
+    cache.trim(2)
+    target.score([ids[20]], cache, layers=range(1), head=False)
+    cache.commit()
+    cache.trim(1)
+    modes.clear()
+    mx.eval(target.score([ids[21]], cache).logits)
+    assert modes == [False]
+    np.testing.assert_array_equal(np.array(upper), before)
+    np.testing.assert_array_equal(np.array(fork.keys[1]), seen)
+    assert held[1] is upper  # the list handed out is not the cache's own

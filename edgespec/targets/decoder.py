@@ -215,7 +215,7 @@ class Decoder(nn.Module):
             wanted, in_place, after)
         if not new_keys:
             cache.wrote(out)  # the rows went into the buffers given
-        else:  # new buffers (layers of different key/value shapes, or a fork's views)
+        else:  # new buffers: the cache lent its arrays, or its layers differ in kv shape
             for i, (k, v) in enumerate(zip(new_keys, new_values)):
                 cache.set_buffers(i, k, v)
         return out, dict(zip(wanted, got))

@@ -437,6 +437,8 @@ std::atomic<int64_t> buffer_copies{0};
 // its memory keeps the old one unchanged. The new buffer is set now, on the host, so the
 // blocks' pointers are its; the copy is the returned function, which the operation's task runs
 // first (the old buffer's contents are ready only there; the encoder holds it until then).
+// Only this array takes the new buffer: any other array on the old memory does not see the
+// rows (a KVCache never gives such buffers: its layers' buffers are distinct and contiguous).
 std::function<void()> own_buffer(const mx::array& cache, mx::cpu::CommandEncoder& encoder) {
   ++buffer_copies;
   mx::array old(cache.shape(), cache.dtype(), nullptr, {});
@@ -532,8 +534,8 @@ StackOut DecoderStack::forward(
     in.insert(in.end(), args_[i].begin(), args_[i].end());
     return in;
   };
-  if (!alike) {  // one DecoderBlock a layer
-    StackOut r{x0, {}, {}, {}};
+  if (!alike) {  // one DecoderBlock a layer (functional), the first after `after`
+    StackOut r{after.empty() ? x0 : mx::depends({x0}, after)[0], {}, {}, {}};
     for (size_t i = 0; i < L; ++i) {
       if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
         r.captured.push_back(r.out);
