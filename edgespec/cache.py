@@ -130,7 +130,8 @@ class KVCache:
         """For a forward that may write the buffers in place (the native decoder stack):
         whether it may (no one else may hold or view the arrays: ``_lent``), and what it must
         run after (the pending writer)."""
-        return not any(self._lent), [] if self._writer is None else [self._writer]
+        lent = any(self._lent[i] for i in self.owners)  # a sharer holds no buffers of its own
+        return not lent, [] if self._writer is None else [self._writer]
 
     def wrote(self, writer: mx.array) -> None:
         """A forward wrote its rows into the buffers in place; ``writer`` is an output of the
