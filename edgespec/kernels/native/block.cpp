@@ -4,9 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "aligned_room.h"
@@ -433,31 +433,18 @@ mx::array into_cache(const mx::array& cache, const mx::array& rows, int64_t slot
 std::atomic<int64_t> buffer_copies{0};
 
 // Gives `cache` (a float32 cache buffer that DecoderBlocks is about to write in place) a
-// row-contiguous buffer of its own, holding what it holds: another buffer given that shares
-// its memory keeps the old one unchanged. The new buffer is set now, on the host, so the
-// blocks' pointers are its; the copy is the returned function, which the operation's task runs
-// first (the old buffer's contents are ready only there; the encoder holds it until then).
-// Only this array takes the new buffer: any other array on the old memory does not see the
-// rows (a KVCache never gives such buffers: its layers' buffers are distinct and contiguous).
-std::function<void()> own_buffer(const mx::array& cache, mx::cpu::CommandEncoder& encoder) {
+// row-contiguous buffer of its own holding what it holds (row_contiguous_copy, a task on the
+// stream ahead of the blocks'): another buffer given that shares its memory keeps the old one
+// unchanged. Only this array takes the new buffer: any other array on the old memory does not
+// see the rows (a KVCache never gives such buffers: its layers' buffers are distinct and
+// contiguous).
+void own_buffer(const mx::array& cache, mx::cpu::CommandEncoder& encoder) {
   ++buffer_copies;
   mx::array old(cache.shape(), cache.dtype(), nullptr, {});
-  old.copy_shared_buffer(cache);  // the old buffer, its strides and offset
-  mx::array fresh = cache;        // the same array: its new buffer is the caller's too
-  fresh.set_data(mx::allocator::malloc(cache.nbytes()));
+  old.copy_shared_buffer(cache);  // the old memory, held until the copy has run
   encoder.add_temporary(old);
-  return [src = old.data<float>(), dst = fresh.data<float>(), shape = cache.shape(),
-          strides = old.strides(), n = int64_t(cache.size())]() {
-    const int64_t rows = shape[3];  // the last axis: contiguous in a readable view, else not
-    for (int64_t e = 0; e < n; e += rows) {
-      int64_t rest = e / rows, at = 0;
-      for (int d = 2; d >= 0; --d) {
-        at += rest % shape[d] * strides[d];
-        rest /= shape[d];
-      }
-      for (int64_t t = 0; t < rows; ++t) dst[e + t] = src[at + t * strides[3]];
-    }
-  };
+  mx::array fresh = cache;  // the same array: its new buffer is the caller's too
+  fresh.copy_shared_buffer(row_contiguous_copy(old, encoder));
 }
 
 // Binds an operation's inputs and newly allocated outputs to the stream's command encoder.
@@ -558,12 +545,10 @@ StackOut DecoderStack::forward(
     st = check_block(block, shapes[i], {segs[i]});
     inputs.insert(inputs.end(), block.begin() + 1, block.end());
   }
-  // In place only where no array is given as two layers' or as both keys and values
-  for (size_t i = 0; in_place && i < L; ++i)
-    for (size_t e = 0; in_place && e <= i; ++e)
-      in_place = values[i].id() != keys[e].id() && (e == i || (keys[i].id() != keys[e].id() &&
-                                                               values[i].id() != values[e].id()
-                                                               && keys[i].id() != values[e].id()));
+  // In place only where no array is given twice (as two layers', or as keys and values)
+  std::unordered_set<std::uintptr_t> given;
+  for (size_t i = 0; i < L; ++i) given.insert({keys[i].id(), values[i].id()});
+  in_place = in_place && given.size() == 2 * L;
   if (!in_place)
     out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
   inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
@@ -605,7 +590,7 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
   const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0].rows * shapes_[0].head_dim;
   const int64_t n = given[0].shape(-2) * shapes_[0].hidden;
   // In place: each layer's cache buffers take its new rows; one whose last axis is strided, or
-  // that shares its memory with another buffer given, first gets a buffer of its own
+  // that shares its memory with a buffer given before it, first gets a buffer of its own
   // (own_buffer). Else the rows go to outputs[1], layer i's keys at 2i, values at 2i + 1.
   float* kv = in_place_ ? nullptr : outputs[1].data<float>();
   std::vector<size_t> first(L);
@@ -615,16 +600,10 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
     caches.push_back(given[at]);
     caches.push_back(given[at + 1]);
   }
-  std::vector<std::function<void()>> copies;
-  for (size_t c = 0; in_place_ && c < caches.size(); ++c) {
-    bool alone = caches[c].strides()[3] == 1;
-    for (size_t e = 0; alone && e < c; ++e) {
-      const char *a = static_cast<const char*>(caches[c].buffer().raw_ptr()),
-                 *b = static_cast<const char*>(caches[e].buffer().raw_ptr());
-      alone = a != b;
-    }
-    if (!alone) copies.push_back(own_buffer(caches[c], encoder));
-  }
+  std::unordered_set<const void*> memory;  // the buffers' memory seen so far
+  for (size_t c = 0; in_place_ && c < caches.size(); ++c)
+    if (!memory.insert(caches[c].buffer().raw_ptr()).second || caches[c].strides()[3] != 1)
+      own_buffer(caches[c], encoder);
   std::vector<BlockJob> jobs;
   jobs.reserve(L);
   std::vector<float*> captures(L, nullptr);
@@ -640,8 +619,7 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
       captures[i] = outputs[(in_place_ ? 1 : 2) + c++].data<float>();
   }
   encoder.dispatch([jobs = std::move(jobs), captures = std::move(captures),
-                    copies = std::move(copies), out = outputs[0].data<float>(), n]() mutable {
-    for (auto& copy : copies) copy();
+                    out = outputs[0].data<float>(), n]() mutable {
     thread_local std::vector<float> between;
     if (static_cast<int64_t>(between.size()) < 2 * n) between.resize(2 * n);
     for (size_t i = 0; i < jobs.size(); ++i) {
