@@ -99,16 +99,19 @@ class KVCache:
     def keys(self) -> list[mx.array | None]:
         """The layers' key buffers (a new list), for reading: whoever takes them may hold
         them, so no forward writes these arrays in place (``_lent``)."""
-        self._settle()
-        self._lent = [True] * self.num_layers
-        return list(self._keys)
+        return self._lend(self._keys)
 
     @property
     def values(self) -> list[mx.array | None]:
         """The layers' value buffers (as ``keys``)."""
+        return self._lend(self._values)
+
+    def _lend(self, buffers: list[mx.array | None]) -> list[mx.array | None]:
+        """``buffers`` (this cache's keys or values, settled in place) as a new list, every
+        layer marked lent."""
         self._settle()
         self._lent = [True] * self.num_layers
-        return list(self._values)
+        return list(buffers)
 
     def _settle(self) -> None:
         """Make every buffer depend on the pending in-place writer, if there is one."""

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgespec import Engine
+from edgespec.cache import KVCache
 from edgespec.targets import load_target
 from edgespec.targets.decoder import Decoder
 from edgespec.tree import DraftTree
@@ -19,6 +20,7 @@ from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip /
 from .tiny import KINDS
 
 PER_LAYER = staticmethod(lambda *a: None)
+IN_PLACE = KVCache.in_place_buffers  # as built, before a test wraps it
 
 
 def _forwards(target, context: int = 20, capture=()):
@@ -282,20 +284,29 @@ def test_a_buffer_given_twice_or_sharing_memory_is_not_written_over(mod, tiny_mo
     assert mx.array_equal(k, keys[0]).item() and mx.array_equal(v, values[0]).item()
 
 
+def _in_place_modes(monkeypatch) -> list[bool]:
+    """The answers ``KVCache.in_place_buffers`` gives from now on (whether a stack forward may
+    write in place), in order."""
+    modes = []
+
+    def spy(self):
+        answer = IN_PLACE(self)
+        modes.append(answer[0])
+        return answer
+
+    monkeypatch.setattr(KVCache, "in_place_buffers", spy)
+    return modes
+
+
 def test_a_decoding_writes_its_cache_in_place_and_readers_see_the_rows(mod, tiny_models,
                                                                         monkeypatch):
     """Every stack forward of a decoding writes the cache's own buffers in place (no copies);
     whatever reads them afterwards, built lazily or not (``keys``, a commit that moves rows, a
     fork), sees them; an array handed out, or a fork's view, keeps its rows when the cache is
     written again (it is then written by slice updates, and in place from the next forward)."""
-    from edgespec.cache import KVCache
-
     target = load_target(tiny_models.path(layers=2), dtype="float32")
     ids = [(7 * i + 2) % 200 + 4 for i in range(40)]
-    modes = []
-    real = KVCache.in_place_buffers
-    monkeypatch.setattr(KVCache, "in_place_buffers",
-                        lambda self: modes.append(real(self)[0]) or real(self))
+    modes = _in_place_modes(monkeypatch)
 
     def decode(cache):
         target.score(ids[:20], cache, head=False)
@@ -314,7 +325,7 @@ def test_a_decoding_writes_its_cache_in_place_and_readers_see_the_rows(mod, tiny
     assert all(modes) and len(modes) == 5 and mod.decoder_blocks_copies() == copies
     kv = [np.array(a[..., : cache.slots(i), :]) for buffers in (cache.keys, cache.values)
           for i, a in enumerate(buffers)]
-    monkeypatch.setattr(KVCache, "in_place_buffers", lambda self: (False, real(self)[1]))
+    monkeypatch.setattr(KVCache, "in_place_buffers", lambda self: (False, IN_PLACE(self)[1]))
     other = target.make_cache()
     want = decode(other)
     assert mx.array_equal(got, want).item()
@@ -322,8 +333,7 @@ def test_a_decoding_writes_its_cache_in_place_and_readers_see_the_rows(mod, tiny
                          other.values) for i, a in enumerate(bufs)], strict=True):
         np.testing.assert_array_equal(a, b)
     # a fork views the committed rows; the cache trimmed below them writes again
-    monkeypatch.setattr(KVCache, "in_place_buffers",
-                        lambda self: modes.append(real(self)[0]) or real(self))
+    modes = _in_place_modes(monkeypatch)
     fork = cache.fork(cache.offset)
     seen = [np.array(k) for k in fork.keys if k is not None]
     cache.trim(4)
@@ -341,14 +351,9 @@ def test_a_forward_over_some_layers_leaves_the_others_lent(mod, tiny_models, mon
     those layers new buffers, and the next full forward still writes the others by slice
     updates, so an array handed out and a fork's view keep their rows. ``keys`` is a new list:
     holding it does not expose what the cache puts in later."""
-    from edgespec.cache import KVCache
-
     target = load_target(tiny_models.path(layers=2), dtype="float32")
     ids = [(11 * i + 5) % 200 + 4 for i in range(30)]
-    modes = []
-    real = KVCache.in_place_buffers
-    monkeypatch.setattr(KVCache, "in_place_buffers",
-                        lambda self: modes.append(real(self)[0]) or real(self))
+    modes = _in_place_modes(monkeypatch)
     cache = target.make_cache()
     target.score(ids[:20], cache, head=False)
     cache.commit()
