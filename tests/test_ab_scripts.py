@@ -1,8 +1,9 @@
 """Measuring scripts whose parts can break silently as the code changes:
 ``scripts/block_phases.py``'s marks must still find their places in ``block.cpp``,
 ``scripts/auto_arms_ab.py``'s ``auto+eagle3`` must build auto as on a flat curve and put the
-steep-curve threshold back, and ``scripts/corpus_questions.py`` must leave the held-out questions
-out."""
+steep-curve threshold back, ``scripts/corpus_questions.py`` must leave the held-out questions
+out, and the in-process A/B scripts (``cache_in_place_ab.py``, ``batch_stack_ab.py``) must switch
+to their other variant and put the code back."""
 
 from __future__ import annotations
 
@@ -95,3 +96,26 @@ def test_cache_in_place_ab_switches_the_writes_and_puts_them_back(monkeypatch):
     with pytest.raises(RuntimeError):
         ab.decode(None, "none", "hi", "slice updates")
     assert KVCache.in_place_buffers is ab.IN_PLACE
+
+
+def test_batch_stack_ab_switches_the_shared_forward_and_puts_it_back(monkeypatch):
+    """``a layer each`` makes ``Decoder._run_many_stack`` answer None (one block operation a
+    layer), ``one operation`` keeps it as built, and ``together`` puts it back however it
+    ends."""
+    from edgespec.targets.decoder import Decoder
+
+    ab = load_script("batch_stack_ab")
+    assert ab.VARIANTS["one operation"] is ab.AS_BUILT is Decoder._run_many_stack
+    assert ab.VARIANTS["a layer each"](object(), "x", "masks", "caches", ()) is None
+    seen = []
+
+    def fails(*a, **kw):
+        seen.append(Decoder._run_many_stack)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ab, "Engine", fails)
+    for variant in ab.VARIANTS:
+        with pytest.raises(RuntimeError):
+            ab.together(None, "none", ["hi"], variant)
+        assert Decoder._run_many_stack is ab.AS_BUILT
+    assert seen == [ab.VARIANTS["one operation"], ab.VARIANTS["a layer each"]]

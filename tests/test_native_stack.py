@@ -372,3 +372,154 @@ def test_a_forward_over_some_layers_leaves_the_others_lent(mod, tiny_models, mon
     np.testing.assert_array_equal(np.array(upper), before)
     np.testing.assert_array_equal(np.array(fork.keys[1]), seen)
     assert held[1] is upper  # the list handed out is not the cache's own
+
+
+# -- several sequences in one stack operation (Decoder.run_many, a batch's shared forward) ----
+
+
+def _batch_rounds(target, capture=()):
+    """Three rounds of one shared forward over three sequences (contexts of 20, 37 and 5
+    tokens; chains, trees and single tokens; trees committed along a branch), through
+    ``score_many``: each part's logits and captured states, then every cache's committed
+    keys/values."""
+    from edgespec.targets.batched import Part, can_share, score_many
+
+    caches, ids = [], []
+    for g, n in enumerate((20, 37, 5)):
+        cache = target.make_cache()
+        seq = [(5 * i + 3 + 7 * g) % 200 + 4 for i in range(n)]
+        target.score(seq, cache, head=False)
+        cache.commit()
+        caches.append(cache)
+        ids.append(seq)
+    tree = DraftTree([11, 9, 10, 12, 13, 14], [-1, 0, 0, 1, 1, 3])
+    rounds = [[([21, 22, 23, 24, 25], None), (tree, [0, 1, 3]), ([7], None)],
+              [(DraftTree([5, 6, 7, 8], [-1, 0, 0, 2]), [0, 2, 3]), ([3, 4, 5], None),
+               ([8, 9], [0])],
+              [([7], None), ([8], None), ([9], None)]]
+    outs = []
+    for parts in rounds:
+        batch = [Part(tokens, cache, capture) for (tokens, _), cache in zip(parts, caches)]
+        assert can_share(target, batch)
+        for out in score_many(target, batch):
+            outs.append(np.array(out.logits))
+            outs += [np.array(out.captured[c]) for c in sorted(out.captured)]
+        for (_, keep), cache in zip(parts, caches):
+            cache.commit(keep)
+    kv = [np.array(a[..., : cache.slots(i), :]) for cache in caches
+          for buffers in (cache.keys, cache.values) for i, a in enumerate(buffers)]
+    return outs, kv
+
+
+def _batch_both_paths(target, monkeypatch, **kw):
+    """_batch_rounds through the stack's one operation (asserting every round took it) and
+    through one native call per layer."""
+    ran = []
+    real = Decoder._run_many_stack
+    monkeypatch.setattr(Decoder, "_run_many_stack",
+                        lambda self, *a: ran.append(real(self, *a)) or ran[-1])
+    got = _batch_rounds(target, **kw)
+    assert len(ran) == 3 and all(r is not None for r in ran), "the stack did not run"
+    monkeypatch.setattr(Decoder, "_run_many_stack", lambda self, *a: None)
+    want = _batch_rounds(target, **kw)
+    monkeypatch.undo()
+    return got, want
+
+
+@pytest.mark.parametrize("kind", ["llama", "bias", "window"])
+def test_several_sequences_in_one_stack_operation_get_the_per_layer_bits(mod, tiny_models, kind,
+                                                                         monkeypatch):
+    target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
+    _assert_same(*_batch_both_paths(target, monkeypatch, capture=(0, 2, 3)))
+
+
+@pytest.mark.parametrize("q8", [False, True])
+def test_several_sequences_in_one_stack_operation_quantized(mod, tiny_models, tmp_path, q8,
+                                                            monkeypatch):
+    from edgespec.kernels import backend
+
+    from .test_qmatmul import _quantized_copy
+
+    if q8 and not mod.has_q8_activations():
+        pytest.skip("no int8 activation kernels here")
+    target = load_target(_quantized_copy(tiny_models.path(layers=3), tmp_path / "q", 4, False),
+                         dtype="auto")
+    backend.set_q8_activations(q8)
+    try:
+        _assert_same(*_batch_both_paths(target, monkeypatch, capture=(1,)))
+    finally:
+        backend.set_q8_activations(None)
+
+
+def test_a_batch_with_a_lent_cache_runs_one_operation_a_layer(mod, tiny_models, monkeypatch):
+    """A cache whose arrays were handed out (``keys``) cannot be written in place: the shared
+    forward then runs one block operation a layer, every cache's rows as before, and the held
+    array keeps its rows."""
+    from edgespec.targets.batched import Part, score_many
+
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    caches = []
+    for g in range(2):
+        cache = target.make_cache()
+        target.score([4 + g, 9, 12, 30], cache, head=False)
+        cache.commit()
+        caches.append(cache)
+    held = caches[1].keys[0]
+    before = np.array(held[..., :4, :])
+    stacked = []
+    real = Decoder._run_many_stack
+    monkeypatch.setattr(Decoder, "_run_many_stack",
+                        lambda self, *a: stacked.append(real(self, *a)) or stacked[-1])
+    outs = score_many(target, [Part([5, 6], caches[0]), Part([7], caches[1])])
+    caches[0].commit()
+    caches[1].commit()
+    assert stacked == [None]
+    alone = [target.make_cache() for _ in range(2)]
+    for g, (cache, tail) in enumerate(zip(alone, ([5, 6], [7]))):
+        target.score([4 + g, 9, 12, 30], cache, head=False)
+        cache.commit()
+        np.testing.assert_array_equal(np.array(outs[g].logits),
+                                      np.array(target.score(tail, cache).logits))
+    np.testing.assert_array_equal(np.array(held[..., :4, :]), before)
+
+
+def test_a_batch_writes_in_place_again_after_its_caches_are_read(mod, tiny_models,
+                                                                 monkeypatch):
+    """Shared forwards with the caches read between them (``keys``: they are lent, take the
+    per-layer path once, then own new buffers and go in place again): every row is the one a
+    sequence decoded alone has."""
+    from edgespec.targets.batched import Part, score_many
+
+    stacked = []
+    real = Decoder._run_many_stack
+
+    def spy(self, *a):
+        out = real(self, *a)
+        stacked.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Decoder, "_run_many_stack", spy)
+    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    caches, alone = [], []
+    for g in range(3):
+        for into in (caches, alone):
+            cache = target.make_cache()
+            target.score([4 + g, 9, 12, 30 + g], cache, head=False)
+            cache.commit()
+            into.append(cache)
+    for n, step in enumerate(([5], [6, 7], [8], [9])):
+        score_many(target, [Part(step, c) for c in caches])
+        for c in caches:
+            c.commit()
+        for c in alone:
+            target.score(step, c)
+            c.commit()
+        if n not in (0, 3):  # the caches read after the first forward and the last only
+            continue
+        for c, a in zip(caches, alone):
+            for i in range(2):
+                np.testing.assert_array_equal(np.array(c.keys[i][..., : c.slots(i), :]),
+                                              np.array(a.keys[i][..., : a.slots(i), :]))
+                np.testing.assert_array_equal(np.array(c.values[i][..., : c.slots(i), :]),
+                                              np.array(a.values[i][..., : a.slots(i), :]))
+    assert stacked == [True, False, True, True]  # lent by the read: once per layer, then in place

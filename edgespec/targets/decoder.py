@@ -171,10 +171,26 @@ class Decoder(nn.Module):
         anew, or its native arguments set aside)."""
         blocks = self.model.layers
         if (tokens.shape[0] != 1 or len(masks) != len(blocks) or cache.num_layers != len(blocks)
-                or (hidden is not None and hidden.dtype != mx.float32)
-                or type(self)._run is not Decoder._run
+                or (hidden is not None and hidden.dtype != mx.float32)):
+            return None
+        stack = self._current_stack()
+        if stack is None:
+            return None
+        # every block is native here, so ``_run`` would ask the masks inside q8_scope(True)
+        n = tokens.shape[1]
+        with q8_scope(True):
+            if not all(f.runs_native(n, m, cache, i)
+                       for i, (f, m) in enumerate(zip(self._stack[0], masks))):
+                return None
+        return stack
+
+    def _current_stack(self):
+        """The ``DecoderStack`` of the blocks' current native forms (made again when a block's
+        changes), or None: some block has none, or this family runs its layers its own way."""
+        if (type(self)._run is not Decoder._run
                 or type(self).layer_inputs is not Decoder.layer_inputs):
             return None
+        blocks = self.model.layers
         held = self._stack
         if held is None or len(held[0]) != len(blocks) or any(
                 getattr(b, "_fused", None) is not f or (f is not None and f.native_args is not a)
@@ -184,12 +200,6 @@ class Decoder(nn.Module):
         stack = held[2]
         if stack is None or not all(f.current(b) for f, b in zip(held[0], blocks)):
             return None
-        # every block is native here, so ``_run`` would ask the masks inside q8_scope(True)
-        n = tokens.shape[1]
-        with q8_scope(True):
-            if not all(f.runs_native(n, m, cache, i)
-                       for i, (f, m) in enumerate(zip(held[0], masks))):
-                return None
         return stack
 
     def _run_stack(self, stack, tokens, masks, cache, hidden, capture):
@@ -251,6 +261,9 @@ class Decoder(nn.Module):
         masks = ManyMasks(masks)  # made once, used by every layer
         with q8_scope(True):
             x = self.embed(tokens)
+            ran = self._run_many_stack(x, masks, caches, capture)
+            if ran is not None:
+                return ran
             captured = {}
             blocks = self.model.layers
             for i, block in enumerate(blocks):
@@ -260,6 +273,45 @@ class Decoder(nn.Module):
             if len(blocks) in capture:
                 captured[len(blocks)] = x
             return x, captured
+
+    def _run_many_stack(self, x: mx.array, masks: ManyMasks, caches: Sequence[KVCache],
+                        capture: Collection[int]):
+        """``run_many`` as one native operation (``DecoderStack.forward_many``), which writes
+        every sequence's rows into its cache buffers in place, as ``_run_stack`` does for one
+        sequence: the same bits as one block operation a layer, without the 30 operations and
+        the 2 slice updates a layer and sequence. Only where every cache can give its buffers
+        up (``KVCache.in_place_buffers``) and the stack takes them; else None."""
+        stack = self._current_stack()
+        if stack is None:
+            return None
+        # one hidden width and key/value shape (hidden, kv_heads, head_dim) for every layer,
+        # as the stack's one operation needs: checked before any buffer is asked for
+        shapes = {(f.native_shape[0], f.native_shape[2], f.native_shape[3])
+                  for f in self._stack[0]}
+        if len(shapes) != 1:
+            return None
+        modes = [cache.in_place_buffers() for cache in caches]
+        if not all(free for free, _ in modes):
+            return None
+        after = [w for _, writers in modes for w in writers]
+        fused = self._stack[0]
+        keys, values, slots = [], [], []
+        for n, cache in zip(masks.nodes, caches):
+            held = [cache.write_buffers(i, n, f.native_shape[2], f.native_shape[3], in_place=True)
+                    for i, f in enumerate(fused)]
+            keys.append([k for k, _, _ in held])
+            values.append([v for _, v, _ in held])
+            slots.append([at for _, _, at in held])
+        wanted = sorted(c for c in set(capture) if 0 <= c <= len(fused))
+        got = stack.forward_many(x, keys, values, masks.anc, masks.qpos, masks.nodes, slots,
+                                 masks.key_starts, masks.windows,
+                                 masks.masks[0].native_block[1], wanted, after)
+        if got is None:
+            return None
+        out, caught = got
+        for cache in caches:
+            cache.wrote(out)  # the rows went into the buffers given
+        return out, dict(zip(wanted, caught))
 
     _stack = None  # _native_stack's (fused forms, native arguments, DecoderStack or None)
 

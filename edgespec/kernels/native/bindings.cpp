@@ -1,6 +1,7 @@
 // The Python module edgespec's kernels/_native.py loads: the op and what the kernels run on.
 #include <nanobind/nanobind.h>
 #include <stdexcept>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -160,7 +161,31 @@ NB_MODULE(_edgespec_native, m) {
           "operation that makes out writes the rows into the buffers given, and keys and "
           "values come back empty (anything that reads the buffers must come after out: "
           "`after` of the next forward, mx.depends). after: arrays the operation waits for "
-          "and does not read.");
+          "and does not read.")
+      .def(
+          "forward_many",
+          [](const edgespec_native::DecoderStack& st, const edgespec_native::mx::array& x,
+             const std::vector<std::vector<edgespec_native::mx::array>>& keys,
+             const std::vector<std::vector<edgespec_native::mx::array>>& values,
+             const edgespec_native::mx::array& anc, const edgespec_native::mx::array& qpos,
+             const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& slots,
+             const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows,
+             bool q8, const std::vector<int>& capture,
+             const std::vector<edgespec_native::mx::array>& after)
+              -> std::optional<std::tuple<edgespec_native::mx::array,
+                                          std::vector<edgespec_native::mx::array>>> {
+            std::vector<edgespec_native::mx::array> captured;
+            auto out = st.forward_many(x, keys, values, anc, qpos, rows, slots, key_starts,
+                                       windows, q8, capture, after, &captured);
+            if (!out) return std::nullopt;
+            return std::make_tuple(*out, captured);
+          },
+          "x"_a, "keys"_a, "values"_a, "anc"_a, "qpos"_a, "rows"_a, "slots"_a, "key_starts"_a,
+          "windows"_a, "q8"_a, "capture"_a, "after"_a,
+          "Several sequences' rows through every layer in one operation, each sequence over "
+          "its own cache buffers (keys[g][i]: sequence g's layer i), written in place: returns "
+          "(out, captured), or None where the layers differ in key/value shape or a buffer is "
+          "given twice. Everything that reads the buffers must come after out.");
   m.def("decoder_blocks_copies", &edgespec_native::decoder_blocks_copies,
         "How many cache buffers a stack forward has copied before writing them in place.");
   m.def("isa", &edgespec_native::isa, "The ISA the kernels run: avx512, avx2 or generic.");

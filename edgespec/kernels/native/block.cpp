@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -198,11 +199,25 @@ void run_block(const BlockJob& j) {
         std::memcpy(attn_rows + (at + i) * nq + h * D, seg_attn + (h * n + i) * D,
                     D * sizeof(float));
   }
-  for (size_t i = 0; split && i < j.segs.size(); ++i) {  // each sequence's keys/values out
+  // each sequence's keys/values out: to its outputs, or (k_out null: DecoderBlocks writing in
+  // place) into its cache buffers from row `slots` on, each row where its attention read it
+  for (size_t i = 0; split && i < j.segs.size(); ++i) {
     const Segment& g = j.segs[i];
+    const size_t bytes = g.n * D * sizeof(float);
     for (int64_t h = 0; h < s.kv_heads; ++h) {
-      std::memcpy(j.k_out[i] + h * g.n * D, k_rows + (h * N + g.row0) * D, g.n * D * sizeof(float));
-      std::memcpy(j.v_out[i] + h * g.n * D, v_rows + (h * N + g.row0) * D, g.n * D * sizeof(float));
+      const float* kr = k_rows + (h * N + g.row0) * D;
+      const float* vr = v_rows + (h * N + g.row0) * D;
+      if (j.k_out[i] != nullptr) {
+        std::memcpy(j.k_out[i] + h * g.n * D, kr, bytes);
+        std::memcpy(j.v_out[i] + h * g.n * D, vr, bytes);
+        continue;
+      }
+      float* kc = const_cast<float*>(g.keys) + h * g.k_h + g.slots * g.k_t;
+      float* vc = const_cast<float*>(g.values) + h * g.v_h + g.slots * g.v_t;
+      for (int64_t m = 0; m < g.n; ++m) {
+        std::memcpy(kc + m * g.k_t, kr + m * D, D * sizeof(float));
+        std::memcpy(vc + m * g.v_t, vr + m * D, D * sizeof(float));
+      }
     }
   }
   // o_proj and the residual
@@ -505,17 +520,10 @@ StackOut DecoderStack::forward(
     check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
           "capture takes increasing layer ids from 0 to the layer count");
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
-  std::vector<BlockShape> shapes;  // each layer's, int8 activations for a quantized layer only
-  std::vector<SegmentSpec> segs;
-  bool alike = true;  // one key/value shape for every layer: DecoderBlocks' one output holds them
-  for (size_t i = 0; i < L; ++i) {
-    BlockShape s = shapes_[i];
-    s.q8 = q8 && s.quant[0][1] != 0;
-    shapes.push_back(s);
-    segs.push_back({rows, slots[i], key_starts[i], windows[i]});
-    alike = alike && s.hidden == shapes_[0].hidden && s.kv_heads == shapes_[0].kv_heads &&
-            s.head_dim == shapes_[0].head_dim;
-  }
+  std::vector<BlockShape> shapes = q8_shapes(q8);
+  std::vector<std::vector<SegmentSpec>> segs;
+  for (size_t i = 0; i < L; ++i) segs.push_back({{rows, slots[i], key_starts[i], windows[i]}});
+  const bool alike = this->alike();
   auto block_inputs = [&](size_t i, const mx::array& x) {  // layer i's DecoderBlock inputs
     std::vector<mx::array> in{x, keys[i], values[i], anc[i], qpos[i]};
     in.insert(in.end(), args_[i].begin(), args_[i].end());
@@ -526,7 +534,7 @@ StackOut DecoderStack::forward(
     for (size_t i = 0; i < L; ++i) {
       if (r.captured.size() < capture.size() && size_t(capture[r.captured.size()]) == i)
         r.captured.push_back(r.out);
-      auto out = decoder_block_op(block_inputs(i, r.out), shapes[i], {segs[i]});
+      auto out = decoder_block_op(block_inputs(i, r.out), shapes[i], segs[i]);
       r.out = out[0];
       r.keys.push_back(out[1]);
       r.values.push_back(out[2]);
@@ -542,7 +550,7 @@ StackOut DecoderStack::forward(
   mx::Stream st = mx::to_stream(mx::Device::cpu);
   for (size_t i = 0; i < L; ++i) {
     const auto block = block_inputs(i, x0);
-    st = check_block(block, shapes[i], {segs[i]});
+    st = check_block(block, shapes[i], segs[i]);
     inputs.insert(inputs.end(), block.begin() + 1, block.end());
   }
   // In place only where no array is given twice (as two layers', or as keys and values)
@@ -582,23 +590,108 @@ StackOut DecoderStack::forward(
   return r;
 }
 
+std::vector<BlockShape> DecoderStack::q8_shapes(bool q8) const {
+  std::vector<BlockShape> shapes;  // int8 activations for a quantized layer only
+  for (BlockShape s : shapes_) {
+    s.q8 = q8 && s.quant[0][1] != 0;
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+bool DecoderStack::alike() const {
+  for (const auto& s : shapes_)
+    if (s.hidden != shapes_[0].hidden || s.kv_heads != shapes_[0].kv_heads ||
+        s.head_dim != shapes_[0].head_dim)
+      return false;
+  return true;
+}
+
+std::optional<mx::array> DecoderStack::forward_many(
+    const mx::array& x0, const std::vector<std::vector<mx::array>>& keys,
+    const std::vector<std::vector<mx::array>>& values, const mx::array& anc,
+    const mx::array& qpos, const std::vector<int64_t>& rows,
+    const std::vector<std::vector<int64_t>>& slots, const std::vector<int64_t>& key_starts,
+    const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture,
+    const std::vector<mx::array>& after, std::vector<mx::array>* captured) const {
+  const size_t L = shapes_.size(), G = rows.size();
+  check(G >= 1 && keys.size() == G && values.size() == G && slots.size() == G &&
+            key_starts.size() == G && windows.size() == G,
+        "forward_many needs rows, keys, values, slots, key_starts and windows for each sequence");
+  for (size_t g = 0; g < G; ++g)
+    check(keys[g].size() == L && values[g].size() == L && slots[g].size() == L,
+          "forward_many needs each sequence's keys, values and slots for each of the stack's " +
+              std::to_string(L) + " layers");
+  for (size_t c = 0; c < capture.size(); ++c)
+    check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
+          "capture takes increasing layer ids from 0 to the layer count");
+  std::unordered_set<std::uintptr_t> given;
+  for (size_t g = 0; g < G; ++g)
+    for (size_t i = 0; i < L; ++i) given.insert({keys[g][i].id(), values[g][i].id()});
+  if (!alike() || given.size() != 2 * L * G) return std::nullopt;  // only in place, only alike
+  const std::vector<BlockShape> shapes = q8_shapes(q8);
+  std::vector<std::vector<SegmentSpec>> segs(L);
+  for (size_t i = 0; i < L; ++i)
+    for (size_t g = 0; g < G; ++g)
+      segs[i].push_back({rows[g], slots[g][i], key_starts[g], windows[g]});
+  // layer i's inputs after x: sequence 0's keys and values, anc, qpos, its arguments, then the
+  // other sequences' keys and values (decoder_block_op's order)
+  std::vector<mx::array> inputs{x0};
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  for (size_t i = 0; i < L; ++i) {
+    std::vector<mx::array> block{x0, keys[0][i], values[0][i], anc, qpos};
+    block.insert(block.end(), args_[i].begin(), args_[i].end());
+    for (size_t g = 1; g < G; ++g) {
+      block.push_back(keys[g][i]);
+      block.push_back(values[g][i]);
+    }
+    st = check_block(block, shapes[i], segs[i]);
+    inputs.insert(inputs.end(), block.begin() + 1, block.end());
+  }
+  inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
+  mx::Shape out_shape = x0.shape();
+  if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
+  std::vector<mx::Shape> out_shapes{out_shape};
+  std::vector<int> inner;
+  for (int c : capture)
+    if (c > 0 && size_t(c) < L) {
+      inner.push_back(c);
+      out_shapes.push_back(out_shape);
+    }
+  auto outs = mx::array::make_arrays(
+      out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
+      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, true), inputs);
+  size_t k = 0;
+  for (int c : capture)
+    captured->push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[1 + k++]);
+  return outs[0];
+}
+
 void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
                              std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   bind_arrays(encoder, given, outputs);
-  const size_t L = shapes_.size();
-  const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0].rows * shapes_[0].head_dim;
+  const size_t L = shapes_.size(), G = segs_[0].size();
+  check(in_place_ || G == 1, "DecoderBlocks runs several sequences in place only");
+  const int64_t per = int64_t(shapes_[0].kv_heads) * segs_[0][0].rows * shapes_[0].head_dim;
   const int64_t n = given[0].shape(-2) * shapes_[0].hidden;
   // In place: each layer's cache buffers take its new rows; one whose last axis is strided, or
   // that shares its memory with a buffer given before it, first gets a buffer of its own
-  // (own_buffer). Else the rows go to outputs[1], layer i's keys at 2i, values at 2i + 1.
+  // (own_buffer). Else (one sequence) the rows go to outputs[1], layer i's keys at 2i, values
+  // at 2i + 1. caches: layer i's keys and values of sequence g at 2 (i G + g), 2 (i G + g) + 1.
   float* kv = in_place_ ? nullptr : outputs[1].data<float>();
   std::vector<size_t> first(L);
   std::vector<mx::array> caches;
-  for (size_t i = 0, at = 1; i < L; at += weights_end_of(shapes_[i]) - 1, ++i) {
+  for (size_t i = 0, at = 1; i < L; ++i) {
+    const size_t count = weights_end_of(shapes_[i]) - 1;  // sequence 0's block inputs after x
     first[i] = at;
     caches.push_back(given[at]);
     caches.push_back(given[at + 1]);
+    for (size_t g = 1; g < G; ++g) {
+      caches.push_back(given[at + count + 2 * (g - 1)]);
+      caches.push_back(given[at + count + 2 * (g - 1) + 1]);
+    }
+    at += count + 2 * (G - 1);
   }
   std::unordered_set<const void*> memory;  // the buffers' memory seen so far
   for (size_t c = 0; in_place_ && c < caches.size(); ++c)
@@ -610,11 +703,20 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
   size_t c = 0;
   for (size_t i = 0; i < L; ++i) {
     const size_t count = weights_end_of(shapes_[i]) - 1;
-    std::vector<mx::array> block{given[0], caches[2 * i], caches[2 * i + 1]};
+    const mx::array* layer = caches.data() + 2 * i * G;
+    std::vector<mx::array> block{given[0], layer[0], layer[1]};
     block.insert(block.end(), given.begin() + first[i] + 2, given.begin() + first[i] + count);
-    jobs.push_back(block_job(shapes_[i], {segs_[i]}, block, i == 0, encoder, nullptr,
-                             {kv ? kv + (2 * i) * per : nullptr},
-                             {kv ? kv + (2 * i + 1) * per : nullptr}));
+    for (size_t g = 1; g < G; ++g) {
+      block.push_back(layer[2 * g]);
+      block.push_back(layer[2 * g + 1]);
+    }
+    std::vector<float*> k_out(G, nullptr), v_out(G, nullptr);
+    if (kv != nullptr) {
+      k_out[0] = kv + (2 * i) * per;
+      v_out[0] = kv + (2 * i + 1) * per;
+    }
+    jobs.push_back(block_job(shapes_[i], segs_[i], block, i == 0, encoder, nullptr,
+                             std::move(k_out), std::move(v_out)));
     if (c < capture_.size() && size_t(capture_[c]) == i)
       captures[i] = outputs[(in_place_ ? 1 : 2) + c++].data<float>();
   }
@@ -646,7 +748,7 @@ std::vector<mx::Shape> DecoderBlocks::output_shapes(const std::vector<mx::array>
   out.back() = shapes_[0].hidden;
   std::vector<mx::Shape> shapes{out};
   if (!in_place_)
-    shapes.push_back({int(2 * shapes_.size()), shapes_[0].kv_heads, int(segs_[0].rows),
+    shapes.push_back({int(2 * shapes_.size()), shapes_[0].kv_heads, int(segs_[0][0].rows),
                       shapes_[0].head_dim});
   for (size_t c = 0; c < capture_.size(); ++c) shapes.push_back(out);
   return shapes;

@@ -28,6 +28,7 @@
 // (out (N, hidden)). Its twin is Eagle3Head.step's module path.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "mlx/array.h"
@@ -95,9 +96,27 @@ class DecoderStack {
                    const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows,
                    bool q8, const std::vector<int>& capture, bool in_place = false,
                    const std::vector<mx::array>& after = {}) const;
+  // Several sequences' rows at once, each over its own caches (x holds sequence 0's rows[0]
+  // rows, then sequence 1's, ...; anc and qpos hold every row's, each sequence's tree bits
+  // relative to its own first row, as decoder_block_op takes them; keys[g][i], values[g][i]
+  // and slots[g][i]: sequence g's layer i), every row with the bits its sequence gets alone.
+  // In place only: the caller gives every buffer up, and the rows go straight into them (read
+  // after out, as forward's in place). Returns out, with x as it entered each layer of
+  // `capture` appended to `captured`; or nothing where the layers differ in key/value shape
+  // or an array is given twice (the caller then runs one decoder_block_op a layer).
+  std::optional<mx::array> forward_many(
+      const mx::array& x, const std::vector<std::vector<mx::array>>& keys,
+      const std::vector<std::vector<mx::array>>& values, const mx::array& anc,
+      const mx::array& qpos, const std::vector<int64_t>& rows,
+      const std::vector<std::vector<int64_t>>& slots, const std::vector<int64_t>& key_starts,
+      const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture,
+      const std::vector<mx::array>& after, std::vector<mx::array>* captured) const;
   size_t layers() const { return shapes_.size(); }
 
  private:
+  std::vector<BlockShape> q8_shapes(bool q8) const;  // int8 activations for quantized layers
+  bool alike() const;  // one key/value shape for every layer
+
   std::vector<std::vector<mx::array>> args_;
   std::vector<BlockShape> shapes_;
 };
@@ -116,8 +135,9 @@ class DecoderStack {
 // share their key/value shape (DecoderStack runs one DecoderBlock a layer otherwise).
 class DecoderBlocks : public mx::Primitive {
  public:
-  DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes, std::vector<SegmentSpec> segs,
-                std::vector<int> capture, bool in_place)
+  DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes,
+                std::vector<std::vector<SegmentSpec>> segs, std::vector<int> capture,
+                bool in_place)
       : mx::Primitive(stream), shapes_(std::move(shapes)), segs_(std::move(segs)),
         capture_(std::move(capture)), in_place_(in_place) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -128,7 +148,7 @@ class DecoderBlocks : public mx::Primitive {
 
  private:
   std::vector<BlockShape> shapes_;
-  std::vector<SegmentSpec> segs_;
+  std::vector<std::vector<SegmentSpec>> segs_;  // per layer, one per sequence
   std::vector<int> capture_;
   bool in_place_;
 };
