@@ -523,3 +523,35 @@ def test_a_batch_writes_in_place_again_after_its_caches_are_read(mod, tiny_model
                 np.testing.assert_array_equal(np.array(c.values[i][..., : c.slots(i), :]),
                                               np.array(a.values[i][..., : a.slots(i), :]))
     assert stacked == [True, False, True, True]  # lent by the read: once per layer, then in place
+
+
+def test_forward_many_declines_what_one_operation_cannot_write_in_place(mod, tiny_models):
+    """forward_many answers None for layers that differ in key/value shape and for a buffer
+    given twice (the caller then runs one operation a layer), and names a missing layer."""
+    a = load_target(tiny_models.path(layers=1, kv_heads=2), dtype="float32")
+    b = load_target(tiny_models.path(layers=1, kv_heads=1), dtype="float32")
+    rng = np.random.default_rng(5)
+    x = mx.array(rng.standard_normal((1, 2, a.args.hidden_size), dtype=np.float32))
+    anc = mx.array(np.array([[1, 0], [1, 0]], dtype=np.uint32))
+    qpos = mx.array(np.array([5, 5], dtype=np.int32))
+
+    def buffers(shape):
+        return [mx.array(rng.standard_normal((1, shape[2], 16, shape[3]), dtype=np.float32))
+                for _ in range(2)]
+
+    fused = [a.model.model.layers[0]._fused, b.model.model.layers[0]._fused]
+    mixed = mod.DecoderStack([f.native_args for f in fused], [f.native_shape for f in fused])
+    kv = [[buffers(f.native_shape) for f in fused] for _ in range(2)]  # [sequence][layer]
+    keys = [[k for k, _ in seq] for seq in kv]
+    values = [[v for _, v in seq] for seq in kv]
+    assert mixed.forward_many(x, keys, values, anc, qpos, [1, 1], [[5, 5], [5, 5]], [0, 0],
+                              [0, 0], False, [], []) is None
+    f = fused[0]
+    one = mod.DecoderStack([f.native_args], [f.native_shape])
+    k0, v0 = buffers(f.native_shape)
+    assert one.forward_many(x, [[k0], [k0]], [[v0], [v0]], anc, qpos, [1, 1], [[5], [5]],
+                            [0, 0], [0, 0], False, [], []) is None
+    k1, v1 = buffers(f.native_shape)
+    with pytest.raises(ValueError, match="each of the stack's 1 layers"):
+        one.forward_many(x, [[k0], [k1, k1]], [[v0], [v1]], anc, qpos, [1, 1], [[5], [5]],
+                         [0, 0], [0, 0], False, [], [])
