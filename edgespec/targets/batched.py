@@ -5,8 +5,9 @@ Contract: ``score_many(target, parts)`` returns, for each :class:`Part`, what
 as that call would (its rows in its scratch slots, nothing committed). Where the whole forward
 can run through the native decoder block (``can_share``), the sequences' rows go through every
 block as one operation (``native/block.h``: the four products read each weight once for all
-rows; each sequence attends to its own cache under its own tree mask), and the LM head takes
-all rows at once. Every step of that operation is computed row by row, so each row gets the
+rows; each sequence attends to its own cache under its own tree mask), all the blocks as one
+operation that writes each cache in place where every cache can give its buffers up
+(``Decoder.run_many``), and the LM head takes all rows at once. Every step of that operation is computed row by row, so each row gets the
 bits it gets when its sequence is scored alone. Elsewhere (models whose blocks do not all run
 natively, hybrid caches, sliding windows, Metal, more rows than the native block takes) the
 parts are scored one after another: the same results, without the sharing.
