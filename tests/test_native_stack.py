@@ -1,7 +1,7 @@
 """The decoder blocks as one native call per forward (``native.DecoderStack``, taken by
 ``Decoder._stack_for``) against one native call per layer (the same operations): the same
 bits in the logits, the captured hidden states and the cache, for chains and trees, float and
-4/8-bit weights, a sliding window; the per-layer path wherever a block would not run natively
+4/8-bit weights, a sliding window, qwen3's q/k norms; the per-layer path wherever a block would not run natively
 (its weights replaced, its native form set aside, a long forward); bad arguments named."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from edgespec.targets.decoder import Decoder
 from edgespec.tree import DraftTree
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
-from .tiny import KINDS
+from .tiny import KINDS, QK_NORM
 
 PER_LAYER = staticmethod(lambda *a: None)
 IN_PLACE = KVCache.in_place_buffers  # as built, before a test wraps it
@@ -64,9 +64,10 @@ def _assert_same(got, want):
 
 
 @pytest.mark.parametrize("kind,context", [("llama", 20), ("bias", 20), ("window", 20),
-                                          ("window", 340)])
+                                          ("window", 340), ("qk_norm", 20)])
 def test_the_stack_gives_the_per_layer_bits(mod, tiny_models, kind, context, monkeypatch):
-    target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
+    options = QK_NORM if kind == "qk_norm" else KINDS[kind]
+    target = load_target(tiny_models.path(layers=3, **options), dtype="float32")
     _assert_same(*_both_paths(target, monkeypatch, context=context, capture=(0, 2, 3)))
 
 
@@ -90,9 +91,10 @@ def test_the_stack_gives_the_per_layer_bits_quantized(mod, tiny_models, tmp_path
         backend.set_q8_activations(None)
 
 
-def test_greedy_decoding_through_the_stack_is_the_per_layer_decoding(mod, tiny_models,
+@pytest.mark.parametrize("options", [{}, QK_NORM], ids=["llama", "qk_norm"])
+def test_greedy_decoding_through_the_stack_is_the_per_layer_decoding(mod, tiny_models, options,
                                                                        monkeypatch):
-    target = load_target(tiny_models.path(layers=2), dtype="float32")
+    target = load_target(tiny_models.path(layers=2, **options), dtype="float32")
     chat = [{"role": "user", "content": "the cat sat on the mat"}]
     ran = []
     real = Decoder._run_stack
@@ -426,24 +428,26 @@ def _batch_both_paths(target, monkeypatch, **kw):
     return got, want
 
 
-@pytest.mark.parametrize("kind", ["llama", "bias", "window"])
+@pytest.mark.parametrize("kind", ["llama", "bias", "window", "qk_norm"])
 def test_several_sequences_in_one_stack_operation_get_the_per_layer_bits(mod, tiny_models, kind,
                                                                          monkeypatch):
-    target = load_target(tiny_models.path(layers=3, **KINDS[kind]), dtype="float32")
+    options = QK_NORM if kind == "qk_norm" else KINDS[kind]
+    target = load_target(tiny_models.path(layers=3, **options), dtype="float32")
     _assert_same(*_batch_both_paths(target, monkeypatch, capture=(0, 2, 3)))
 
 
 @pytest.mark.parametrize("q8", [False, True])
+@pytest.mark.parametrize("options", [{}, QK_NORM], ids=["llama", "qk_norm"])
 def test_several_sequences_in_one_stack_operation_quantized(mod, tiny_models, tmp_path, q8,
-                                                            monkeypatch):
+                                                            options, monkeypatch):
     from edgespec.kernels import backend
 
     from .test_qmatmul import _quantized_copy
 
     if q8 and not mod.has_q8_activations():
         pytest.skip("no int8 activation kernels here")
-    target = load_target(_quantized_copy(tiny_models.path(layers=3), tmp_path / "q", 4, False),
-                         dtype="auto")
+    target = load_target(_quantized_copy(tiny_models.path(layers=3, **options), tmp_path / "q",
+                                         4, False), dtype="auto")
     backend.set_q8_activations(q8)
     try:
         _assert_same(*_batch_both_paths(target, monkeypatch, capture=(1,)))
@@ -555,3 +559,19 @@ def test_forward_many_declines_what_one_operation_cannot_write_in_place(mod, tin
     with pytest.raises(ValueError, match="each of the stack's 1 layers"):
         one.forward_many(x, [[k0], [k1, k1]], [[v0], [v1]], anc, qpos, [1, 1], [[5], [5]],
                          [0, 0], [0, 0], False, [], [])
+
+
+@pytest.mark.parametrize("method", ["lookup", "lookahead"])
+def test_speculation_on_a_q_k_normed_model_through_the_stack_is_plain_decoding(mod, tiny_models,
+                                                                               method):
+    """qwen3's blocks run natively (the stack, in place): a drafter's greedy output is plain
+    decoding's, token for token."""
+    from edgespec import SamplingConfig, make_drafter
+    from edgespec.options import spec_for
+
+    target = load_target(tiny_models.path(layers=2, **QK_NORM), dtype="float32")
+    assert target.model.native_blocks()
+    chat = [{"role": "user", "content": "the cat sat on the mat and the cat sat on the"}]
+    plain = Engine(target).generate(chat, max_tokens=24).token_ids
+    drafter = make_drafter(spec_for(method, {}), target, SamplingConfig())
+    assert Engine(target, drafter).generate(chat, max_tokens=24).token_ids == plain

@@ -16,7 +16,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 KINDS = {"llama": {}, "window": {"window": 8}, "bias": {"bias": True}}
 """The model families' variants every path is tested on: plain llama, mistral's sliding window,
-qwen2's attention bias (options of ``make_tiny_model``)."""
+qwen2's attention bias (options of ``make_tiny_model``). ``QK_NORM`` (qwen3's per-head q/k
+norms) is a fourth, taken by the native block's and stack's tests."""
+QK_NORM = {"qk_norm": True}
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -58,18 +60,21 @@ def write_tokenizer(out: Path, extra_tokens: tuple = ()) -> int:
 def make_tiny_model(out: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                     kv_heads: int = 2, intermediate: int = 128, window: int | None = None,
                     bias: bool = False, tie: bool = True, seed: int = 0, scale: float = 1.0,
-                    context: int = 2048, extra_tokens: tuple = ()) -> Path:
-    """Write a random model directory to ``out`` and return it."""
+                    context: int = 2048, extra_tokens: tuple = (), qk_norm: bool = False) -> Path:
+    """Write a random model directory to ``out`` and return it (``qk_norm``: a qwen3, whose
+    q and k are normalised per head, with random norm weights)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(out, extra_tokens)
     config = {
-        "model_type": "qwen2" if bias else ("mistral" if window else "llama"),
+        "model_type": "qwen3" if qk_norm else "qwen2" if bias else ("mistral" if window else "llama"),
         "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": intermediate,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": tie,
         "max_position_embeddings": context, "attention_bias": bias,
     }
+    if qk_norm:
+        config["head_dim"] = hidden // heads
     if window:
         config["sliding_window"] = window
         if bias:
@@ -107,6 +112,10 @@ def _random_weights(c: dict, rng: np.random.Generator, scale: float) -> dict[str
         if c["attention_bias"]:
             for name, size in (("q", n * d), ("k", kv * d), ("v", kv * d)):
                 weights[p + f"self_attn.{name}_proj.bias"] = w(size) * 0.1
+        if c["model_type"] == "qwen3":
+            for name in ("q", "k"):
+                weights[p + f"self_attn.{name}_norm.weight"] = mx.array(
+                    (1 + 0.2 * rng.standard_normal(d)).astype(np.float32))
     return weights
 
 

@@ -88,10 +88,11 @@ class FusedBlock:
         mx.eval(inv_freq, none)  # now, on this thread's stream: a forward may run on another
         self.pre_args.append(inv_freq)
         # The whole block as one native operation (decode steps and verifies), float or
-        # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128), without
-        # per-head q/k norms.
+        # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128); per-head
+        # q/k norms (qwen3) with the block's own eps, their weights after the products'.
         self.native_args = None
-        if "nq" not in weights and native_takes(quant):
+        qk_ok = "nq" not in weights or a.q_norm.eps == a.k_norm.eps == block.input_layernorm.eps
+        if qk_ok and native_takes(quant):
             if halves is None and quant is not None and on_cpu():
                 self.halves = _half_copies(weights, quant)
 
@@ -101,7 +102,8 @@ class FusedBlock:
 
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
                                 *(weights.get(n, none) for n in ("bqkv", "bgu", "bd")),
-                                *(a for n in STREAMED for a in flat(n))]
+                                *(a for n in STREAMED for a in flat(n)),
+                                *(weights[n] for n in ("nq", "nk") if n in weights)]
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
                                  r.mscale, r.scale, block.input_layernorm.eps, a.scale,

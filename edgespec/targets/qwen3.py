@@ -1,6 +1,7 @@
 """Qwen3 (dense): llama's pre-norm SiLU blocks with an RMSNorm over each head of q and k before
 RoPE, no biases, an explicit ``head_dim``. Float blocks run fused (the fused functions apply
-the q/k norms too).
+the q/k norms too), and on the CPU as the native block (``native/block.h``: the q/k norm
+weights after the products'), so a forward is one native operation, as llama's.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ NB_MODULE(_edgespec_native, m) {
                     int64_t key_start, int64_t window, bool dual) {
         auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
                              traditional, mscale, rope_scale, eps, attn_scale, quant, q8, dual);
+        s.qk_norm = edgespec_native::qk_norm_given(s, arrays.size(), 1);
         if (arrays.empty()) throw std::invalid_argument("decoder_block: needs x first");
         const int64_t rows = arrays[0].ndim() ? arrays[0].shape(-2) : 0;
         return edgespec_native::decoder_block_op(arrays, s, {{rows, slots, key_start, window}});
@@ -102,6 +103,7 @@ NB_MODULE(_edgespec_native, m) {
         std::vector<edgespec_native::SegmentSpec> segs;
         for (size_t g = 0; g < rows.size(); ++g)
           segs.push_back({rows[g], slots[g], key_starts[g], windows[g]});
+        s.qk_norm = !rows.empty() && edgespec_native::qk_norm_given(s, arrays.size(), rows.size());
         return edgespec_native::decoder_block_op(arrays, s, segs);
       },
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,

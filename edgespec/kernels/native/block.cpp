@@ -65,6 +65,7 @@ struct BlockJob {
   bool q8;
   const float *x, *inv_freq, *n1, *n2, *bqkv, *bgu, *bd;
   Weights w[4];
+  const float *nq, *nk;  // q/k norm weights (head_dim,), or null: none
   const uint32_t* anc;
   const int32_t* qpos;
   std::vector<Segment> segs;  // in row order, covering [0, N)
@@ -174,6 +175,12 @@ void run_block(const BlockJob& j) {
   }
   product(j.w[QKV], j.q8, xn, N, K, y, nqkv);
   add_bias(y, j.bqkv, N, nqkv);
+  if (j.nq != nullptr)  // q and k per head, in place: each head's D values of each row
+    for (int64_t i = 0; i < N; ++i) {
+      float* row = y + i * nqkv;
+      rms_rows(row, D, j.nq, row, D, s.heads, D, s.eps);
+      rms_rows(row + nq, D, j.nk, row + nq, D, s.kv_heads, D, s.eps);
+    }
   // RoPE; k and v into this forward's rows
   RopeArgs r{y, nqkv, j.qpos, true, j.inv_freq, q, k_rows, v_rows, N * D, D, k_rh, k_rt,
              v_rh, v_rt, N, s.heads, s.kv_heads, D, s.rope_dims, s.traditional, s.mscale,
@@ -346,13 +353,19 @@ void silu_libm(const float* gate, const float* up, float* act, int64_t n) {
 size_t weights_end_of(const BlockShape& s) {
   size_t end = WEIGHTS;
   for (const auto& q : s.quant) end += q[1] ? 3 : 1;
-  return end;
+  return end + (s.qk_norm ? 2 : 0);
 }
 
 BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs,
                    const std::vector<mx::array>& given, bool x_given,
                    mx::cpu::CommandEncoder& encoder, float* out, std::vector<float*> k_out,
                    std::vector<float*> v_out);
+
+bool qk_norm_given(const BlockShape& s, size_t count, size_t sequences) {
+  BlockShape plain = s;
+  plain.qk_norm = false;
+  return !s.dual && count == weights_end_of(plain) + 2 * (sequences - 1) + 2;
+}
 
 // decoder_block_op's checks of its inputs; the stream the block runs on.
 mx::Stream check_block(const std::vector<mx::array>& in, const BlockShape& s,
@@ -362,12 +375,15 @@ mx::Stream check_block(const std::vector<mx::array>& in, const BlockShape& s,
   const int K = s.dual ? 2 * H : H;  // x's width
   const int rows[4] = {nqkv, H, 2 * I, H}, cols[4] = {K, nq, H, I};
   check(!segs.empty(), "needs at least one sequence");
-  size_t weights_end = WEIGHTS;
-  for (const auto& q : s.quant) weights_end += q[1] ? 3 : 1;
+  const size_t weights_end = weights_end_of(s);
   check(in.size() == weights_end + 2 * (segs.size() - 1),
         "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, then each "
-        "product's weights (1 float array, or 3 when quantized), then keys and values of each "
-        "sequence after the first");
+        "product's weights (1 float array, or 3 when quantized), the q/k norm weights where "
+        "the block has them, then keys and values of each sequence after the first");
+  if (s.qk_norm)
+    for (size_t i = weights_end - 2; i < weights_end; ++i)
+      check(in[i].dtype() == mx::float32 && in[i].size() == size_t(D),
+            "the q/k norm weights must be float32 (head_dim,)");
   for (int i = 0; i < WEIGHTS; ++i)
     check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
           "arrays must be float32 (anc uint32, qpos int32)");
@@ -502,7 +518,11 @@ DecoderStack::DecoderStack(std::vector<std::vector<mx::array>> layer_args,
     : args_(std::move(layer_args)), shapes_(std::move(shapes)) {
   check(!shapes_.empty() && args_.size() == shapes_.size(),
         "a stack needs one argument list and one shape per layer");
-  for (const auto& s : shapes_) check(!s.dual, "a stack's layers are the model's, not dual");
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    check(!shapes_[i].dual, "a stack's layers are the model's, not dual");
+    // a layer's block inputs: x, keys, values, anc, qpos, then its arguments
+    shapes_[i].qk_norm = qk_norm_given(shapes_[i], 5 + args_[i].size(), 1);
+  }
 }
 
 StackOut DecoderStack::forward(
@@ -783,6 +803,10 @@ BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs
   // is a view); no KVCache makes one whose head_dim axis is strided, but a view could.
   std::vector<mx::array> inputs = given;
   std::vector<int> small{ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES};
+  if (shape.qk_norm) {
+    small.push_back(static_cast<int>(weights_end) - 2);
+    small.push_back(static_cast<int>(weights_end) - 1);
+  }
   if (x_given) small.push_back(X);
   for (size_t i = weights_end; i < inputs.size(); ++i) small.push_back(static_cast<int>(i));
   for (int i : small) {
@@ -796,8 +820,9 @@ BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
   BlockJob job{shape, int64_t(inputs[X].shape(-2)), shape.q8,
                x_given ? ptr(X) : nullptr, ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU),
-               ptr(BD), {}, inputs[ANC].data<uint32_t>(), inputs[QPOS].data<int32_t>(), {},
-               out, std::move(k_out), std::move(v_out)};
+               ptr(BD), {}, shape.qk_norm ? ptr(weights_end - 2) : nullptr,
+               shape.qk_norm ? ptr(weights_end - 1) : nullptr, inputs[ANC].data<uint32_t>(),
+               inputs[QPOS].data<int32_t>(), {}, out, std::move(k_out), std::move(v_out)};
   int64_t row0 = 0;
   for (size_t g = 0; g < segs.size(); ++g) {
     const auto& k = inputs[g ? weights_end + 2 * (g - 1) : KEYS];

@@ -1,6 +1,7 @@
-// A whole pre-norm decoder block (llama-style: RMSNorm, one q|k|v product, RoPE, tree attention
-// over the KV cache, o_proj, residual, RMSNorm, one gate|up product, SiLU, down, residual) as
-// one MLX operation, for the small inputs of decoding and verification (batch 1, N <= 64
+// A whole pre-norm decoder block (llama-style: RMSNorm, one q|k|v product, qwen3's per-head q/k
+// RMSNorm where given, RoPE, tree attention over the KV cache, o_proj, residual, RMSNorm, one
+// gate|up product, SiLU, down, residual) as one MLX operation, for the small inputs of
+// decoding and verification (batch 1, N <= 64
 // tokens; float32 or 4/8-bit weights, float32 activations). MLX's CPU backend costs microseconds per operation whatever its
 // size, and a block had about 15 of them around its four products; here it has one.
 //
@@ -9,7 +10,10 @@
 //
 // weights: for q|k|v, o, gate|up and down in turn, the float32 rows (N, K), or, where
 // shape.quant says so, MLX's affine packing (uint32 (N, K bits / 32), float32 scales and
-// biases (N, K / group size)): the quantized kernel's products (quantized_matmul.h).
+// biases (N, K / group size)): the quantized kernel's products (quantized_matmul.h). Then,
+// for a block that normalises q and k per head before RoPE (qwen3), their RMSNorm weights nq
+// and nk (head_dim,) each, with the block's eps: two arrays more than the shape's weights say
+// (qk_norm_given), which sets shape.qk_norm.
 //
 // x (N, H) or (1, N, H); out has its shape. keys/values (1, kv_heads, capacity, D): the layer's cache buffers, `slots`
 // committed rows first; the N new rows are written at [slots, slots + N) and attended with
@@ -48,6 +52,9 @@ struct BlockShape {
   int quant[4][3];
   bool q8;
   bool dual = false;  // the EAGLE-3 layer (above)
+  // q and k normalised per head before RoPE (RMSNorm over head_dim with eps, weights nq and nk
+  // after the products' weights: qwen3's attention); set from the inputs' count (qk_norm_given)
+  bool qk_norm = false;
   bool operator==(const BlockShape&) const = default;
 };
 
@@ -65,6 +72,10 @@ struct SegmentSpec {
 // operation returns each sequence's new rows as outputs of their own, (1, kv_heads, n_g, D),
 // so each slice update takes its sequence's rows without a slice of a shared output first; the
 // sequences' attention runs as one pool job (run_tree_attention_many).
+// Whether `count` inputs (x and everything after it, `sequences` of them) hold the q/k norm
+// weights after the products' weights (two arrays more than shape `s` without them takes).
+bool qk_norm_given(const BlockShape& s, size_t count, size_t sequences);
+
 std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& arrays,
                                         const BlockShape& shape,
                                         const std::vector<SegmentSpec>& segs);
