@@ -536,9 +536,7 @@ StackOut DecoderStack::forward(
             slots.size() == L && key_starts.size() == L && windows.size() == L,
         "a stack forward needs keys, values, anc, qpos, slots, key_starts and windows for each "
         "of its " + std::to_string(L) + " layers");
-  for (size_t c = 0; c < capture.size(); ++c)
-    check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
-          "capture takes increasing layer ids from 0 to the layer count");
+  check_capture(capture);
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
   std::vector<BlockShape> shapes = q8_shapes(q8);
   std::vector<std::vector<SegmentSpec>> segs;
@@ -562,35 +560,16 @@ StackOut DecoderStack::forward(
     if (r.captured.size() < capture.size()) r.captured.push_back(r.out);  // capture == L
     return r;
   }
-  // Every layer's inputs checked as its own block would check them; then one operation
-  std::vector<mx::array> inputs{x0};
-  mx::Shape out_shape = x0.shape();
-  if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
-  std::vector<mx::Shape> out_shapes{out_shape};
-  mx::Stream st = mx::to_stream(mx::Device::cpu);
-  for (size_t i = 0; i < L; ++i) {
-    const auto block = block_inputs(i, x0);
-    st = check_block(block, shapes[i], segs[i]);
-    inputs.insert(inputs.end(), block.begin() + 1, block.end());
-  }
+  std::vector<std::vector<mx::array>> blocks;
+  for (size_t i = 0; i < L; ++i) blocks.push_back(block_inputs(i, x0));
   // In place only where no array is given twice (as two layers', or as keys and values)
   std::unordered_set<std::uintptr_t> given;
   for (size_t i = 0; i < L; ++i) given.insert({keys[i].id(), values[i].id()});
   in_place = in_place && given.size() == 2 * L;
-  if (!in_place)
-    out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(rows), shapes_[0].head_dim});
-  inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
-  std::vector<int> inner;  // capture points inside the stack: their hidden states are outputs
-  for (int c : capture)
-    if (c > 0 && size_t(c) < L) {
-      inner.push_back(c);
-      out_shapes.push_back(out_shape);
-    }
-  auto outs = mx::array::make_arrays(
-      out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
-      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, in_place), inputs);
-  const size_t first_inner = in_place ? 1 : 2;  // after out, and the new rows unless in place
-  StackOut r{outs[0], {}, {}, {}};
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  std::vector<mx::array> captured;
+  const auto outs = blocks_op(blocks, shapes, segs, capture, in_place, after, captured, st);
+  StackOut r{outs[0], {}, {}, std::move(captured)};
   if (!in_place) {  // layer i's new keys (2i) and values (2i + 1) into its caches by slice updates
     r.keys.reserve(L);
     r.values.reserve(L);
@@ -604,10 +583,48 @@ StackOut DecoderStack::forward(
           st));
     }
   }
-  size_t k = 0;
-  for (int c : capture)
-    r.captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[first_inner + k++]);
   return r;
+}
+
+void DecoderStack::check_capture(const std::vector<int>& capture) const {
+  for (size_t c = 0; c < capture.size(); ++c)
+    check(capture[c] >= 0 && size_t(capture[c]) <= shapes_.size() &&
+              (c == 0 || capture[c] > capture[c - 1]),
+          "capture takes increasing layer ids from 0 to the layer count");
+}
+
+std::vector<mx::array> DecoderStack::blocks_op(
+    const std::vector<std::vector<mx::array>>& blocks, const std::vector<BlockShape>& shapes,
+    const std::vector<std::vector<SegmentSpec>>& segs, const std::vector<int>& capture,
+    bool in_place, const std::vector<mx::array>& after, std::vector<mx::array>& captured,
+    mx::Stream& st) const {
+  const size_t L = shapes_.size();
+  const mx::array& x0 = blocks[0][0];
+  // Every layer's inputs checked as its own block would check them; then one operation
+  std::vector<mx::array> inputs{x0};
+  for (size_t i = 0; i < L; ++i) {
+    st = check_block(blocks[i], shapes[i], segs[i]);
+    inputs.insert(inputs.end(), blocks[i].begin() + 1, blocks[i].end());
+  }
+  inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
+  mx::Shape out_shape = x0.shape();
+  if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
+  std::vector<mx::Shape> out_shapes{out_shape};
+  if (!in_place)
+    out_shapes.push_back({int(2 * L), shapes_[0].kv_heads, int(segs[0][0].rows),
+                          shapes_[0].head_dim});
+  std::vector<int> inner;  // capture points inside the stack: their hidden states are outputs
+  for (int c : capture)
+    if (c > 0 && size_t(c) < L) {
+      inner.push_back(c);
+      out_shapes.push_back(out_shape);
+    }
+  auto outs = mx::array::make_arrays(
+      out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
+      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, in_place), inputs);
+  size_t k = in_place ? 1 : 2;  // the first inner capture: after out, and the rows unless in place
+  for (int c : capture) captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[k++]);
+  return outs;
 }
 
 std::vector<BlockShape> DecoderStack::q8_shapes(bool q8) const {
@@ -642,9 +659,7 @@ std::optional<mx::array> DecoderStack::forward_many(
     check(keys[g].size() == L && values[g].size() == L && slots[g].size() == L,
           "forward_many needs each sequence's keys, values and slots for each of the stack's " +
               std::to_string(L) + " layers");
-  for (size_t c = 0; c < capture.size(); ++c)
-    check(capture[c] >= 0 && size_t(capture[c]) <= L && (c == 0 || capture[c] > capture[c - 1]),
-          "capture takes increasing layer ids from 0 to the layer count");
+  check_capture(capture);
   std::unordered_set<std::uintptr_t> given;
   for (size_t g = 0; g < G; ++g)
     for (size_t i = 0; i < L; ++i) given.insert({keys[g][i].id(), values[g][i].id()});
@@ -654,37 +669,19 @@ std::optional<mx::array> DecoderStack::forward_many(
   for (size_t i = 0; i < L; ++i)
     for (size_t g = 0; g < G; ++g)
       segs[i].push_back({rows[g], slots[g][i], key_starts[g], windows[g]});
-  // layer i's inputs after x: sequence 0's keys and values, anc, qpos, its arguments, then the
+  // layer i's inputs: x, sequence 0's keys and values, anc, qpos, its arguments, then the
   // other sequences' keys and values (decoder_block_op's order)
-  std::vector<mx::array> inputs{x0};
-  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  std::vector<std::vector<mx::array>> blocks(L);
   for (size_t i = 0; i < L; ++i) {
-    std::vector<mx::array> block{x0, keys[0][i], values[0][i], anc, qpos};
-    block.insert(block.end(), args_[i].begin(), args_[i].end());
+    blocks[i] = {x0, keys[0][i], values[0][i], anc, qpos};
+    blocks[i].insert(blocks[i].end(), args_[i].begin(), args_[i].end());
     for (size_t g = 1; g < G; ++g) {
-      block.push_back(keys[g][i]);
-      block.push_back(values[g][i]);
+      blocks[i].push_back(keys[g][i]);
+      blocks[i].push_back(values[g][i]);
     }
-    st = check_block(block, shapes[i], segs[i]);
-    inputs.insert(inputs.end(), block.begin() + 1, block.end());
   }
-  inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
-  mx::Shape out_shape = x0.shape();
-  if (!out_shape.empty()) out_shape.back() = shapes_[0].hidden;
-  std::vector<mx::Shape> out_shapes{out_shape};
-  std::vector<int> inner;
-  for (int c : capture)
-    if (c > 0 && size_t(c) < L) {
-      inner.push_back(c);
-      out_shapes.push_back(out_shape);
-    }
-  auto outs = mx::array::make_arrays(
-      out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
-      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, true), inputs);
-  size_t k = 0;
-  for (int c : capture)
-    captured->push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[1 + k++]);
-  return outs[0];
+  mx::Stream st = mx::to_stream(mx::Device::cpu);
+  return blocks_op(blocks, shapes, segs, capture, true, after, *captured, st)[0];
 }
 
 void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,

@@ -127,6 +127,18 @@ class DecoderStack {
  private:
   std::vector<BlockShape> q8_shapes(bool q8) const;  // int8 activations for quantized layers
   bool alike() const;  // one key/value shape for every layer
+  void check_capture(const std::vector<int>& capture) const;  // increasing ids, 0 .. layers
+  // The layers as one DecoderBlocks operation over `blocks` (each layer's block inputs, x
+  // first; each checked as its own block checks them), after `after`; `st` becomes the stream
+  // it runs on. Returns its outputs (out; unless in place every layer's new rows, (2 layers,
+  // kv_heads, rows, head_dim); then x as it enters each layer of `capture` inside the stack)
+  // and appends to `captured` x as it enters each layer of `capture` (the layer count: out).
+  std::vector<mx::array> blocks_op(const std::vector<std::vector<mx::array>>& blocks,
+                                   const std::vector<BlockShape>& shapes,
+                                   const std::vector<std::vector<SegmentSpec>>& segs,
+                                   const std::vector<int>& capture, bool in_place,
+                                   const std::vector<mx::array>& after,
+                                   std::vector<mx::array>& captured, mx::Stream& st) const;
 
   std::vector<std::vector<mx::array>> args_;
   std::vector<BlockShape> shapes_;
