@@ -258,6 +258,35 @@ def test_a_forward_in_place_writes_the_rows_the_slice_updates_write(mod, tiny_mo
     assert mx.array_equal(second, want).item()
 
 
+def test_the_operation_holds_the_layers_arguments_it_reads(mod, tiny_models):
+    """The stack's arguments are held by its operations, not given as their inputs: lazy ones
+    are evaluated when the stack is made, and a forward built, then left with the only
+    references to copies of the weights (the stack and the lists gone), still gives the bits
+    of the stack over the model's own weights, in place and not."""
+    target = load_target(tiny_models.path(layers=3), dtype="float32")
+    rng = np.random.default_rng(9)
+    fused, shapes, x, anc, qpos, buffers = _stack_inputs(target, 2, 4, rng)
+    args = ([anc] * 3, [qpos] * 3, [4] * 3, [0] * 3, [0] * 3, False, [3])
+    held = mod.DecoderStack([f.native_args for f in fused], shapes)
+    want, want_k, want_v, want_h = held.forward(
+        x, [mx.array(k) for k, _ in buffers], [mx.array(v) for _, v in buffers], *args)
+    mx.eval(want, want_k, want_v, want_h)
+    for in_place in (False, True):
+        lazy = [[a * 1 if a.size else a for a in f.native_args] for f in fused]  # not evaluated
+        stack = mod.DecoderStack(lazy, shapes)
+        keys = [mx.array(k) for k, _ in buffers]
+        values = [mx.array(v) for _, v in buffers]
+        out, k, v, got = stack.forward(x, keys, values, *args, in_place=in_place)
+        del stack, lazy
+        import gc
+
+        gc.collect()
+        mx.eval(out, k, v, got)
+        assert mx.array_equal(out, want).item() and mx.array_equal(got[0], want_h[0]).item()
+        for a, b in zip(k + v if not in_place else keys + values, want_k + want_v):
+            assert mx.array_equal(a, b).item()
+
+
 def test_a_buffer_given_twice_or_sharing_memory_is_not_written_over(mod, tiny_models):
     """The same array as keys and values: the forward is functional (keys come back). Two
     views of one buffer: the second gets a buffer of its own first (counted), and the rows

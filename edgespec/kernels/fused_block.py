@@ -167,9 +167,12 @@ class FusedBlock:
     def native_ready(self) -> bool:
         """Whether small forwards of this block run as one native operation: it has the native
         form and float32 weights (or scales), so float32 activations."""
-        w = self.w["wqkv"]
-        floats = w[1] if isinstance(w, tuple) else w  # the scales of a quantized weight
-        return self.native_args is not None and floats.dtype == mx.float32
+        float32 = self.__dict__.get("_float32")
+        if float32 is None:  # the weights are fixed at construction: their dtype is read once
+            w = self.w["wqkv"]
+            floats = w[1] if isinstance(w, tuple) else w  # the scales of a quantized weight
+            float32 = self._float32 = floats.dtype == mx.float32
+        return self.native_args is not None and float32
 
     def read(self, name: str):
         """Product ``name``'s weights as the native forward reads them: its float array, or
@@ -192,10 +195,9 @@ class FusedBlock:
 
     def runs_native(self, rows: int, mask, cache: KVCache, layer: int) -> bool:
         """Whether a forward of ``rows`` float32 rows of one sequence under ``mask`` runs as
-        the one native operation (``__call__``; ``Decoder._stack_for`` asks it of every block)."""
-        return (self.native_args is not None and isinstance(mask, TreeMask)
-                and mask.cached == cache.slots(layer) and mask.native_block[0]
-                and rows <= SMALL_M_MAX)
+        the one native operation (``__call__``)."""
+        return (self.native_args is not None and mask_runs_native(rows, mask)
+                and mask.cached == cache.slots(layer))
 
     def __call__(self, block, x, positions, mask, cache: KVCache, layer: int) -> mx.array:
         if x.shape[0] == 1 and x.dtype == mx.float32 and self.runs_native(x.shape[1], mask,
@@ -221,6 +223,13 @@ class FusedBlock:
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
         return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8)
+
+
+def mask_runs_native(rows: int, mask) -> bool:
+    """What ``FusedBlock.runs_native`` asks of the forward and its mask, beside the block
+    having a native form and the mask covering the layer's cached keys: asked once per
+    distinct mask by ``Decoder._stack_for``."""
+    return isinstance(mask, TreeMask) and mask.native_block[0] and rows <= SMALL_M_MAX
 
 
 class ManyMasks:

@@ -28,7 +28,7 @@ from ..errors import ModelLoadError
 from ..kernels import native
 from ..kernels.attention import prepare
 from ..kernels.backend import q8_scope
-from ..kernels.fused_block import ManyMasks
+from ..kernels.fused_block import ManyMasks, mask_runs_native
 from ..kernels.matmul import halves, linear
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
@@ -176,12 +176,18 @@ class Decoder(nn.Module):
         stack = self._current_stack()
         if stack is None:
             return None
-        # every block is native here, so ``_run`` would ask the masks inside q8_scope(True)
-        n = tokens.shape[1]
+        # every block is native here (the stack has each one's native form), so each runs
+        # native where its mask does (``FusedBlock.runs_native``), asked once per distinct
+        # mask; ``_run`` would ask the masks inside q8_scope(True)
+        n, seen = tokens.shape[1], {}
         with q8_scope(True):
-            if not all(f.runs_native(n, m, cache, i)
-                       for i, (f, m) in enumerate(zip(self._stack[0], masks))):
-                return None
+            for m in masks:
+                if id(m) not in seen:
+                    seen[id(m)] = mask_runs_native(n, m)
+        if not all(seen.values()):
+            return None
+        if any(m.cached != cache.slots(i) for i, m in enumerate(masks)):
+            return None  # a mask not over its layer's cached keys
         return stack
 
     def _current_stack(self):
@@ -192,11 +198,17 @@ class Decoder(nn.Module):
             return None
         blocks = self.model.layers
         held = self._stack
-        if held is None or len(held[0]) != len(blocks) or any(
-                getattr(b, "_fused", None) is not f or (f is not None and f.native_args is not a)
-                for b, f, a in zip(blocks, held[0], held[1])):
-            held = _native_stack(blocks)
-            object.__setattr__(self, "_stack", held)  # a plain attribute, not a parameter
+        if held is not None and len(held[0]) == len(blocks):
+            stack, current = held[2], True
+            for b, f, a in zip(blocks, held[0], held[1]):  # one pass over the blocks
+                if (getattr(b, "_fused", None) is not f
+                        or (f is not None and f.native_args is not a)):
+                    break  # a block changed: made again below
+                current = current and (stack is None or f.current(b))
+            else:
+                return stack if current else None
+        held = _native_stack(blocks)
+        object.__setattr__(self, "_stack", held)  # a plain attribute, not a parameter
         stack = held[2]
         if stack is None or not all(f.current(b) for f, b in zip(held[0], blocks)):
             return None

@@ -20,6 +20,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
+#include "mlx/transforms.h"
 #include "rope_norm.h"
 #include "tree_attention.h"
 
@@ -32,9 +33,13 @@ namespace {
 enum Input { X, KEYS, VALUES, ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, WEIGHTS };
 enum Product { QKV, O, GU, DOWN };
 
-void check(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("decoder_block: " + what);
+// A literal message takes the const char* form, so that a check that holds allocates nothing
+// (a forward makes several a layer).
+void check(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("decoder_block: ") + what);
 }
+
+void check(bool ok, const std::string& what) { check(ok, what.c_str()); }
 
 bool row_contiguous_2d(const mx::array& a, int rows, int cols) {
   return a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols && a.flags().row_contiguous;
@@ -367,9 +372,10 @@ bool qk_norm_given(const BlockShape& s, size_t count, size_t sequences) {
   return !s.dual && count == weights_end_of(plain) + 2 * (sequences - 1) + 2;
 }
 
-// decoder_block_op's checks of its inputs; the stream the block runs on.
-mx::Stream check_block(const std::vector<mx::array>& in, const BlockShape& s,
-                       const std::vector<SegmentSpec>& segs) {
+// decoder_block_op's checks of its inputs (a list of them, or a LayerInputs); the stream the
+// block runs on.
+template <typename In>
+mx::Stream check_block(const In& in, const BlockShape& s, const std::vector<SegmentSpec>& segs) {
   const int H = s.hidden, D = s.head_dim, I = s.intermediate;
   const int nq = s.heads * D, nqkv = (s.heads + 2 * s.kv_heads) * D;
   const int K = s.dual ? 2 * H : H;  // x's width
@@ -515,14 +521,19 @@ std::vector<mx::array> decoder_block_op(const std::vector<mx::array>& in, const 
 
 DecoderStack::DecoderStack(std::vector<std::vector<mx::array>> layer_args,
                            std::vector<BlockShape> shapes)
-    : args_(std::move(layer_args)), shapes_(std::move(shapes)) {
-  check(!shapes_.empty() && args_.size() == shapes_.size(),
+    : shapes_(std::move(shapes)) {
+  check(!shapes_.empty() && layer_args.size() == shapes_.size(),
         "a stack needs one argument list and one shape per layer");
+  std::vector<mx::array> pending;  // held by the operations, not inputs: evaluated here
   for (size_t i = 0; i < shapes_.size(); ++i) {
     check(!shapes_[i].dual, "a stack's layers are the model's, not dual");
     // a layer's block inputs: x, keys, values, anc, qpos, then its arguments
-    shapes_[i].qk_norm = qk_norm_given(shapes_[i], 5 + args_[i].size(), 1);
+    shapes_[i].qk_norm = qk_norm_given(shapes_[i], 5 + layer_args[i].size(), 1);
+    for (const auto& a : layer_args[i])
+      if (!a.is_available()) pending.push_back(a);
   }
+  if (!pending.empty()) mx::eval(pending);
+  args_ = std::make_shared<const std::vector<std::vector<mx::array>>>(std::move(layer_args));
 }
 
 StackOut DecoderStack::forward(
@@ -532,10 +543,10 @@ StackOut DecoderStack::forward(
     const std::vector<int64_t>& windows, bool q8, const std::vector<int>& capture,
     bool in_place, const std::vector<mx::array>& after) const {
   const size_t L = shapes_.size();
-  check(keys.size() == L && values.size() == L && anc.size() == L && qpos.size() == L &&
-            slots.size() == L && key_starts.size() == L && windows.size() == L,
-        "a stack forward needs keys, values, anc, qpos, slots, key_starts and windows for each "
-        "of its " + std::to_string(L) + " layers");
+  if (!(keys.size() == L && values.size() == L && anc.size() == L && qpos.size() == L &&
+        slots.size() == L && key_starts.size() == L && windows.size() == L))
+    check(false, "a stack forward needs keys, values, anc, qpos, slots, key_starts and windows "
+                 "for each of its " + std::to_string(L) + " layers");
   check_capture(capture);
   const int64_t rows = x0.ndim() ? x0.shape(-2) : 0;
   std::vector<BlockShape> shapes = q8_shapes(q8);
@@ -544,7 +555,7 @@ StackOut DecoderStack::forward(
   const bool alike = this->alike();
   auto block_inputs = [&](size_t i, const mx::array& x) {  // layer i's DecoderBlock inputs
     std::vector<mx::array> in{x, keys[i], values[i], anc[i], qpos[i]};
-    in.insert(in.end(), args_[i].begin(), args_[i].end());
+    in.insert(in.end(), (*args_)[i].begin(), (*args_)[i].end());
     return in;
   };
   if (!alike) {  // one DecoderBlock a layer (functional), the first after `after`
@@ -560,8 +571,10 @@ StackOut DecoderStack::forward(
     if (r.captured.size() < capture.size()) r.captured.push_back(r.out);  // capture == L
     return r;
   }
-  std::vector<std::vector<mx::array>> blocks;
-  for (size_t i = 0; i < L; ++i) blocks.push_back(block_inputs(i, x0));
+  std::vector<LayerInputs> blocks;
+  blocks.reserve(L);
+  for (size_t i = 0; i < L; ++i)
+    blocks.push_back({{&x0, &keys[i], &values[i], &anc[i], &qpos[i]}, &(*args_)[i], {}});
   // In place only where no array is given twice (as two layers', or as keys and values)
   std::unordered_set<std::uintptr_t> given;
   for (size_t i = 0; i < L; ++i) given.insert({keys[i].id(), values[i].id()});
@@ -594,17 +607,21 @@ void DecoderStack::check_capture(const std::vector<int>& capture) const {
 }
 
 std::vector<mx::array> DecoderStack::blocks_op(
-    const std::vector<std::vector<mx::array>>& blocks, const std::vector<BlockShape>& shapes,
+    const std::vector<LayerInputs>& blocks, const std::vector<BlockShape>& shapes,
     const std::vector<std::vector<SegmentSpec>>& segs, const std::vector<int>& capture,
     bool in_place, const std::vector<mx::array>& after, std::vector<mx::array>& captured,
     mx::Stream& st) const {
   const size_t L = shapes_.size();
   const mx::array& x0 = blocks[0][0];
-  // Every layer's inputs checked as its own block would check them; then one operation
+  // Every layer's inputs checked as its own block would check them; then one operation, whose
+  // inputs are what changes (DecoderBlocks): a layer's keys, values, anc and qpos, and the
+  // other sequences' keys and values after its arguments
   std::vector<mx::array> inputs{x0};
+  inputs.reserve(1 + L * (4 + 2 * (segs[0].size() - 1)) + after.size());
   for (size_t i = 0; i < L; ++i) {
     st = check_block(blocks[i], shapes[i], segs[i]);
-    inputs.insert(inputs.end(), blocks[i].begin() + 1, blocks[i].end());
+    for (int h = 1; h < 5; ++h) inputs.push_back(*blocks[i].head[h]);
+    for (const mx::array* a : blocks[i].more) inputs.push_back(*a);
   }
   inputs.insert(inputs.end(), after.begin(), after.end());  // read by nothing: an order
   mx::Shape out_shape = x0.shape();
@@ -621,7 +638,7 @@ std::vector<mx::array> DecoderStack::blocks_op(
     }
   auto outs = mx::array::make_arrays(
       out_shapes, std::vector<mx::Dtype>(out_shapes.size(), mx::float32),
-      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, in_place), inputs);
+      std::make_shared<DecoderBlocks>(st, shapes, segs, inner, in_place, args_), inputs);
   size_t k = in_place ? 1 : 2;  // the first inner capture: after out, and the rows unless in place
   for (int c : capture) captured.push_back(c == 0 ? x0 : size_t(c) == L ? outs[0] : outs[k++]);
   return outs;
@@ -656,9 +673,9 @@ std::optional<mx::array> DecoderStack::forward_many(
             key_starts.size() == G && windows.size() == G,
         "forward_many needs rows, keys, values, slots, key_starts and windows for each sequence");
   for (size_t g = 0; g < G; ++g)
-    check(keys[g].size() == L && values[g].size() == L && slots[g].size() == L,
-          "forward_many needs each sequence's keys, values and slots for each of the stack's " +
-              std::to_string(L) + " layers");
+    if (!(keys[g].size() == L && values[g].size() == L && slots[g].size() == L))
+      check(false, "forward_many needs each sequence's keys, values and slots for each of the "
+                   "stack's " + std::to_string(L) + " layers");
   check_capture(capture);
   std::unordered_set<std::uintptr_t> given;
   for (size_t g = 0; g < G; ++g)
@@ -671,13 +688,13 @@ std::optional<mx::array> DecoderStack::forward_many(
       segs[i].push_back({rows[g], slots[g][i], key_starts[g], windows[g]});
   // layer i's inputs: x, sequence 0's keys and values, anc, qpos, its arguments, then the
   // other sequences' keys and values (decoder_block_op's order)
-  std::vector<std::vector<mx::array>> blocks(L);
+  std::vector<LayerInputs> blocks;
+  blocks.reserve(L);
   for (size_t i = 0; i < L; ++i) {
-    blocks[i] = {x0, keys[0][i], values[0][i], anc, qpos};
-    blocks[i].insert(blocks[i].end(), args_[i].begin(), args_[i].end());
+    blocks.push_back({{&x0, &keys[0][i], &values[0][i], &anc, &qpos}, &(*args_)[i], {}});
     for (size_t g = 1; g < G; ++g) {
-      blocks[i].push_back(keys[g][i]);
-      blocks[i].push_back(values[g][i]);
+      blocks.back().more.push_back(&keys[g][i]);
+      blocks.back().more.push_back(&values[g][i]);
     }
   }
   mx::Stream st = mx::to_stream(mx::Device::cpu);
@@ -697,18 +714,20 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
   // (own_buffer). Else (one sequence) the rows go to outputs[1], layer i's keys at 2i, values
   // at 2i + 1. caches: layer i's keys and values of sequence g at 2 (i G + g), 2 (i G + g) + 1.
   float* kv = in_place_ ? nullptr : outputs[1].data<float>();
+  // layer i's inputs from first[i]: keys, values, anc, qpos, then the other sequences' keys
+  // and values
   std::vector<size_t> first(L);
   std::vector<mx::array> caches;
+  caches.reserve(2 * L * G);
   for (size_t i = 0, at = 1; i < L; ++i) {
-    const size_t count = weights_end_of(shapes_[i]) - 1;  // sequence 0's block inputs after x
     first[i] = at;
     caches.push_back(given[at]);
     caches.push_back(given[at + 1]);
     for (size_t g = 1; g < G; ++g) {
-      caches.push_back(given[at + count + 2 * (g - 1)]);
-      caches.push_back(given[at + count + 2 * (g - 1) + 1]);
+      caches.push_back(given[at + 4 + 2 * (g - 1)]);
+      caches.push_back(given[at + 4 + 2 * (g - 1) + 1]);
     }
-    at += count + 2 * (G - 1);
+    at += 4 + 2 * (G - 1);
   }
   std::unordered_set<const void*> memory;  // the buffers' memory seen so far
   for (size_t c = 0; in_place_ && c < caches.size(); ++c)
@@ -719,10 +738,12 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
   std::vector<float*> captures(L, nullptr);
   size_t c = 0;
   for (size_t i = 0; i < L; ++i) {
-    const size_t count = weights_end_of(shapes_[i]) - 1;
     const mx::array* layer = caches.data() + 2 * i * G;
-    std::vector<mx::array> block{given[0], layer[0], layer[1]};
-    block.insert(block.end(), given.begin() + first[i] + 2, given.begin() + first[i] + count);
+    const std::vector<mx::array>& args = (*args_)[i];
+    std::vector<mx::array> block{given[0], layer[0], layer[1], given[first[i] + 2],
+                                 given[first[i] + 3]};
+    block.reserve(5 + args.size() + 2 * (G - 1));
+    block.insert(block.end(), args.begin(), args.end());
     for (size_t g = 1; g < G; ++g) {
       block.push_back(layer[2 * g]);
       block.push_back(layer[2 * g + 1]);
@@ -737,8 +758,9 @@ void DecoderBlocks::eval_cpu(const std::vector<mx::array>& given,
     if (c < capture_.size() && size_t(capture_[c]) == i)
       captures[i] = outputs[(in_place_ ? 1 : 2) + c++].data<float>();
   }
+  // the task holds the layers' arguments (the jobs point into them): MLX keeps only inputs
   encoder.dispatch([jobs = std::move(jobs), captures = std::move(captures),
-                    out = outputs[0].data<float>(), n]() mutable {
+                    out = outputs[0].data<float>(), n, args = args_]() mutable {
     thread_local std::vector<float> between;
     if (static_cast<int64_t>(between.size()) < 2 * n) between.resize(2 * n);
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -757,7 +779,7 @@ void DecoderBlocks::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arra
 bool DecoderBlocks::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderBlocks&>(other);
   return shapes_ == o.shapes_ && segs_ == o.segs_ && capture_ == o.capture_ &&
-         in_place_ == o.in_place_;
+         in_place_ == o.in_place_ && args_ == o.args_;
 }
 
 std::vector<mx::Shape> DecoderBlocks::output_shapes(const std::vector<mx::array>& in) {

@@ -98,6 +98,20 @@ struct StackOut {
   std::vector<mx::array> keys, values, captured;
 };
 
+// A stack layer's block inputs as decoder_block_op takes them (x, keys, values, anc, qpos,
+// the layer's arguments, then the other sequences' keys and values), read where they are: a
+// stack forward checks every layer without copying its arrays into a list.
+struct LayerInputs {
+  const mx::array* head[5];  // x, keys, values, anc, qpos
+  const std::vector<mx::array>* args;
+  std::vector<const mx::array*> more;  // the other sequences' keys and values, in turn
+
+  size_t size() const { return 5 + args->size() + more.size(); }
+  const mx::array& operator[](size_t i) const {
+    return i < 5 ? *head[i] : i < 5 + args->size() ? (*args)[i - 5] : *more[i - 5 - args->size()];
+  }
+};
+
 class DecoderStack {
  public:
   DecoderStack(std::vector<std::vector<mx::array>> layer_args, std::vector<BlockShape> shapes);
@@ -133,36 +147,41 @@ class DecoderStack {
   // it runs on. Returns its outputs (out; unless in place every layer's new rows, (2 layers,
   // kv_heads, rows, head_dim); then x as it enters each layer of `capture` inside the stack)
   // and appends to `captured` x as it enters each layer of `capture` (the layer count: out).
-  std::vector<mx::array> blocks_op(const std::vector<std::vector<mx::array>>& blocks,
+  std::vector<mx::array> blocks_op(const std::vector<LayerInputs>& blocks,
                                    const std::vector<BlockShape>& shapes,
                                    const std::vector<std::vector<SegmentSpec>>& segs,
                                    const std::vector<int>& capture, bool in_place,
                                    const std::vector<mx::array>& after,
                                    std::vector<mx::array>& captured, mx::Stream& st) const;
 
-  std::vector<std::vector<mx::array>> args_;
+  // Each layer's arguments, evaluated at construction: the operations hold them (shared), not
+  // as graph inputs, so a forward neither copies nor schedules every layer's constant arrays.
+  std::shared_ptr<const std::vector<std::vector<mx::array>>> args_;
   std::vector<BlockShape> shapes_;
 };
 
 // A DecoderStack forward's blocks as one operation and one task on the stream: the same bits
 // as one DecoderBlock a layer, without MLX scheduling 30 operations and releasing their inputs
-// between the blocks. Inputs: x, then each layer's block inputs after x (keys, values, anc,
-// qpos, inv_freq, n1, n2, bqkv, bgu, bd, its weights; one sequence), then the `after` arrays
-// (not read). Outputs: the last block's output; unless in place, every layer's new keys and
-// values in one array (2 layers, kv_heads, rows, head_dim: layer i's keys at 2i, values at
-// 2i + 1; one array, because MLX holds an operation's inputs once per output, and 600 inputs
-// times 61 outputs cost more than the blocks saved), which 2 x layers slices and slice updates
-// put in the caches; then the hidden state before each layer of `capture` (inside the stack:
-// 0 < c < layers). In place, the rows are written straight into the cache buffers given
+// between the blocks. Inputs: x, then each layer's keys, values, anc and qpos (then, over
+// several sequences, the other sequences' keys and values), then the `after` arrays (not read).
+// Each layer's constant arguments (inv_freq, n1, n2, bqkv, bgu, bd, its weights) are held by
+// the operation and its task (`args`: the stack's, evaluated), not given as inputs: MLX walks,
+// copies and keeps alive every input of every evaluation on the host thread, which for all the
+// layers' weights cost more a forward than the rest of the operation's set-up.
+// Outputs: the last block's output; unless in place, every layer's new keys and values in one
+// array (2 layers, kv_heads, rows, head_dim: layer i's keys at 2i, values at 2i + 1; one array,
+// because MLX holds an operation's inputs once per output), which 2 x layers slices and slice
+// updates put in the caches; then the hidden state before each layer of `capture` (inside the
+// stack: 0 < c < layers). In place, the rows are written straight into the cache buffers given
 // (DecoderStack::forward's contract), which saves those 120 operations a forward. Layers must
 // share their key/value shape (DecoderStack runs one DecoderBlock a layer otherwise).
 class DecoderBlocks : public mx::Primitive {
  public:
   DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes,
                 std::vector<std::vector<SegmentSpec>> segs, std::vector<int> capture,
-                bool in_place)
+                bool in_place, std::shared_ptr<const std::vector<std::vector<mx::array>>> args)
       : mx::Primitive(stream), shapes_(std::move(shapes)), segs_(std::move(segs)),
-        capture_(std::move(capture)), in_place_(in_place) {}
+        capture_(std::move(capture)), in_place_(in_place), args_(std::move(args)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "EdgespecDecoderBlocks"; }
@@ -174,6 +193,7 @@ class DecoderBlocks : public mx::Primitive {
   std::vector<std::vector<SegmentSpec>> segs_;  // per layer, one per sequence
   std::vector<int> capture_;
   bool in_place_;
+  std::shared_ptr<const std::vector<std::vector<mx::array>>> args_;  // per layer
 };
 
 // How many cache buffers DecoderBlocks has copied before writing into them in place, since

@@ -276,8 +276,9 @@ mx::array as_rows(const mx::array& a, mx::Stream s) {
   return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
 }
 
-void check(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("quantized_small_matmul: " + what);
+// The message is a literal, so that a check that holds allocates nothing.
+void check(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("quantized_small_matmul: ") + what);
 }
 
 void run_qjob(QJob job) {
