@@ -101,6 +101,38 @@ def test_tails_of_one_to_three_blocks_give_each_row_its_bits(mod, bits, k):  # n
     assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_many_rows_over_a_long_k_give_each_row_its_bits(mod, bits, symmetric):  # noqa: F811
+    """The VNNI form's wide form (16 columns in column lanes, from ``kQ8WideRows`` rows on):
+    K over more than one of its chunks (9.25 steps of 128) with a ragged last step, 50
+    columns (three blocks of 16, two columns left to the quads), and more rows than one group
+    of its accumulators (33 and 40): each row gets the bits it gets alone, on each ISA."""
+    rng = np.random.default_rng(bits + 2 * symmetric)
+    k = 1184
+    w = rng.standard_normal((50, k), dtype=np.float32)
+    q = list(mx.quantize(mx.array(w), group_size=32, bits=bits))
+    if symmetric:  # every bias -2^(bits - 1) times its scale: made from the scales (b null)
+        q[2] = q[1] * -float(1 << (bits - 1))
+        assert symmetric_biases(q[1], q[2], bits)
+    x = mx.array(rng.standard_normal((40, k), dtype=np.float32))
+    before, per_isa = mod.isa(), []
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            alone = mx.concatenate([quantized_small_matmul_native(x[r:r + 1], *q, 32, bits,
+                                                                  q8=True, symmetric=symmetric)
+                                    for r in range(40)])
+            for m in (15, 16, 17, 31, 32, 33, 40):
+                y = quantized_small_matmul_native(x[:m], *q, 32, bits, q8=True,
+                                                  symmetric=symmetric)
+                assert mx.array_equal(y, alone[:m]).item(), (isa, m)
+            per_isa.append(alone)
+    finally:
+        mod.set_isa(before)
+    assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_shapes_scales_and_threads_within_the_twin(mod, seed):  # noqa: F811
     """Random shapes (columns in many chunks over the pool's threads, ragged blocks) and x

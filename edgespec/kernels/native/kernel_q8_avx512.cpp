@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "kernel_q.h"  // declarations and one constant only: nothing compiled for this ISA
+
 namespace edgespec_native {
 namespace {
 
@@ -229,6 +231,240 @@ void q8columns(const int8_t* xr, int64_t ldr, const float* xd, const float* /*xs
 
 #include "q8_rows.inc"
 
+// The wide form, for kQ8WideRows rows or more (kernel_q.h): 16 columns at a time in column
+// lanes. Their packed weights are turned, once for all rows, into vectors whose lane c holds 4
+// bytes of column c (a 16 x 16 transpose of dwords; 4 bits then split into low and high
+// nibbles), so that each vpdpbusd takes one broadcast dword of a row's x and sums straight into
+// the 16 columns' lanes: a row's block is 8 vpdpbusd, then its float instructions, with no
+// per-row unpacking. The integers are the same block sums as q8lanes makes, and every
+// (row, column, block) gets q8lanes' float instructions in its order, so the bits are too.
+
+// The most steps (128 values) whose column-lane weights are made at once: 32 vectors a step,
+// 16 KB for 8.
+constexpr int64_t kWideSteps = 8;
+// Rows a pass of the wide form carries: 4 accumulators each (one per block of a step) and a
+// block's integer sums fill the vector registers with the weights and scales.
+constexpr int64_t kWideRowsPerPass = 4;
+// How many 16-column blocks ahead the packed rows are prefetched.
+constexpr int64_t kWideAhead = 2;
+// The most rows whose accumulators are kept between chunks of K (spilled to the stack).
+constexpr int64_t kWideMaxRows = 32;
+
+// out[j] lane i = dword j of v[i] (a 16 x 16 transpose of dwords).
+inline void transpose16(__m512i v[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + p], 128-bit lane L: dword 4L + p of v[4i .. 4i + 3]
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int p = 0; p < 4; ++p) {  // 128-bit lane L of u[p], u[4 + p], .. to out[4L + p]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[p], u[4 + p], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i v1 = _mm512_shuffle_i32x4(u[p], u[4 + p], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + p], u[12 + p], _MM_SHUFFLE(3, 2, 3, 2));
+    v[p] = _mm512_shuffle_i32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
+    v[4 + p] = _mm512_shuffle_i32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
+    v[8 + p] = _mm512_shuffle_i32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
+    v[12 + p] = _mm512_shuffle_i32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// v[j] lane i = dword j of the n bytes at p + i * ld (0 past n): 16 rows' first 64 bytes.
+inline void lanes_of(const uint8_t* p, int64_t ld, int64_t n, __m512i v[16]) {
+  const __mmask64 m = byte_mask(n);
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_maskz_loadu_epi8(m, p + i * ld);
+  transpose16(v);
+}
+
+// The 16 columns' weights for steps st0 .. st1 - 1 (values st * 128 ..) in column lanes: out
+// (32 vectors a step) vector 8b + e holds, in lane c, column c's 4 values of round e of block b
+// (kernel_q.h's rounds, as the lane layout of x holds them).
+// pf: null, or bytes to ask for, pf_step a step, spread over the steps (the next columns'
+// packed rows: nothing else brings them in while these compute).
+template <int BITS>
+inline void wide_weights(const uint8_t* w, int64_t ldq, int64_t st0, int64_t st1, int64_t K,
+                         __m512i* out, const uint8_t* pf, int64_t pf_step) {
+  for (int64_t st = st0; st < st1; ++st, out += 32) {
+    if (pf != nullptr)
+      for (int64_t p = st * pf_step; p < (st + 1) * pf_step; p += 64)
+        __builtin_prefetch(pf + p, 0, 2);
+    const int64_t k = st * 128, rem = K - k;  // values left, a multiple of 32
+    __m512i v[16];
+    if constexpr (BITS == 4) {  // dword w: block w / 4, low nibbles round w % 4, high 4 + w % 4
+      lanes_of(w + k / 2, ldq, rem / 2, v);
+      const __m512i m4 = _mm512_set1_epi8(15);
+      for (int d = 0; d < 16; ++d) {
+        const int b = d / 4, e = d % 4;
+        out[8 * b + e] = _mm512_and_si512(v[d], m4);
+        out[8 * b + 4 + e] = _mm512_and_si512(_mm512_srli_epi16(v[d], 4), m4);
+      }
+    } else {  // dword u: block u / 8, round u % 8
+      lanes_of(w + k, ldq, rem, v);
+      for (int d = 0; d < 16; ++d) out[d] = v[d];
+      if (rem > 64) {
+        lanes_of(w + k + 64, ldq, rem - 64, v);
+        for (int d = 0; d < 16; ++d) out[16 + d] = v[d];
+      }
+    }
+  }
+}
+
+// out[g - g0] lane c = v[c * ldg + g] for groups g0 <= g < g1 (g1 - g0 <= 32): the 16 columns'
+// scales or biases in column lanes, widened exactly from float16.
+inline void wide_groups(const float* v, int64_t ldg, int64_t g0, int64_t g1, __m512* out) {
+  for (int64_t g = g0; g < g1; g += 16) {
+    __m512i t[16];
+    lanes_of(reinterpret_cast<const uint8_t*>(v + g), ldg * 4, (g1 - g) * 4, t);
+    for (int64_t j = 0; j < 16 && g + j < g1; ++j) out[g - g0 + j] = _mm512_castsi512_ps(t[j]);
+  }
+}
+
+inline void wide_groups(const uint16_t* v, int64_t ldg, int64_t g0, int64_t g1, __m512* out) {
+  __m512i t[16];  // dword j: groups g0 + 2j (low half) and g0 + 2j + 1
+  lanes_of(reinterpret_cast<const uint8_t*>(v + g0), ldg * 2, (g1 - g0) * 2, t);
+  for (int64_t j = 0; 2 * j < g1 - g0; ++j) {
+    out[2 * j] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(t[j]));
+    if (2 * j + 1 < g1 - g0)
+      out[2 * j + 1] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(t[j], 16)));
+  }
+}
+
+// Rows 0..R-1 of x (lane layout) over steps st0 .. st1 - 1 against 16 columns' column-lane
+// weights (wv: 32 vectors a step from st0), scales and biases (sv, bv: a vector a group from
+// group g0). The rows' 4 accumulators (lane c: column c; one per block position of a step)
+// start at 0 on the first chunk of K, else come from acc; after the last chunk each row's 16
+// outputs go to y as (b0 + b2) + (b1 + b3), else the accumulators go back to acc.
+template <int R>
+inline void wide_pass(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf,
+                      const __m512i* wv, const __m512* sv, const __m512* bv, int64_t g0,
+                      int64_t st0, int64_t st1, int64_t steps, int64_t K, int64_t gs,
+                      __m512* acc, float* y, int64_t ldy) {
+  __m512 a[R][4];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) a[r][b] = st0 == 0 ? _mm512_setzero_ps() : acc[4 * r + b];
+  const int sh = gs == 32 ? 5 : gs == 64 ? 6 : 7;
+  for (int64_t st = st0; st < st1; ++st, wv += 32) {
+    const int64_t k = st * 128, nb = (K - k) / 32 < 4 ? (K - k) / 32 : 4;
+    #pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      if (b >= nb) break;
+      const int64_t g = ((k + 32 * b) >> sh) - g0;
+      __m512i dot[R];
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      #pragma GCC unroll 8
+      for (int e = 0; e < 8; ++e) {
+        const __m512i w = _mm512_load_si512(wv + 8 * b + e);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          int32_t q;  // round e of block b: dword 4b + e % 4 of the step's vector e / 4
+          __builtin_memcpy(&q, xr + r * ldr + st * kLaneStepBytes + 64 * (e / 4) + 16 * b +
+                                   4 * (e % 4), 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_set1_epi32(q));
+        }
+      }
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* f = xd + r * ldf + st * kLaneStepFloats + 4 * b;
+        a[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]),
+                                  _mm512_mul_ps(sv[g], _mm512_set1_ps(f[0])), a[r][b]);
+        a[r][b] = _mm512_fmadd_ps(bv[g], _mm512_set1_ps(f[16]), a[r][b]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (st1 == steps) {
+      _mm512_storeu_ps(y + r * ldy, _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][2]),
+                                                   _mm512_add_ps(a[r][1], a[r][3])));
+    } else {
+      #pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) acc[4 * r + b] = a[r][b];
+    }
+  }
+}
+
+// Rows 0..M-1 (M <= kWideMaxRows) of x against the 16 columns at w (strides ldq, ldg; b null:
+// symmetric) into y (16 columns a row), K in chunks of up to kWideSteps steps.
+template <int BITS, typename S>
+void q8wide(const int8_t* xr, int64_t ldr, const float* xd, int64_t ldf, const uint8_t* w,
+            int64_t ldq, const S* s, const S* b, int64_t ldg, float* y, int64_t ldy, int64_t M,
+            int64_t K, int64_t gs) {
+  alignas(64) __m512i wv[kWideSteps * 32];
+  alignas(64) __m512 sv[kWideSteps * 4], bv[kWideSteps * 4];
+  alignas(64) __m512 acc[kWideMaxRows * 4];  // read only where K takes more than one chunk
+  const int64_t steps = (K + 127) / 128;
+  // the packed rows kWideAhead blocks on, and their scales and biases
+  const uint8_t* pf = ldq != 0 ? w + kWideAhead * 16 * ldq : nullptr;
+  const int64_t pf_step = (16 * ldq + steps * 64 - 1) / (steps * 64) * 64;
+  for (int64_t p = 0; p < 16 * ldg * int64_t(sizeof(S)); p += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(s + kWideAhead * 16 * ldg) + p, 0, 2);
+    if (b != nullptr)
+      __builtin_prefetch(reinterpret_cast<const char*>(b + kWideAhead * 16 * ldg) + p, 0, 2);
+  }
+  for (int64_t st0 = 0; st0 < steps; st0 += kWideSteps) {
+    const int64_t st1 = st0 + kWideSteps < steps ? st0 + kWideSteps : steps;
+    const int64_t k1 = st1 * 128 < K ? st1 * 128 : K;
+    const int64_t g0 = st0 * 128 / gs, g1 = (k1 + gs - 1) / gs;
+    wide_weights<BITS>(w, ldq, st0, st1, K, wv, pf, pf_step);
+    wide_groups(s, ldg, g0, g1, sv);
+    if (b != nullptr)
+      wide_groups(b, ldg, g0, g1, bv);
+    else
+      for (int64_t g = 0; g < g1 - g0; ++g) bv[g] = bias_of(sv[g], BITS);
+    int64_t r = 0;
+    for (; r + kWideRowsPerPass <= M; r += kWideRowsPerPass)
+      wide_pass<kWideRowsPerPass>(xr + r * ldr, ldr, xd + r * ldf, ldf, wv, sv, bv, g0, st0,
+                                  st1, steps, K, gs, acc + 4 * r, y + r * ldy, ldy);
+    const int64_t left = M - r;
+    if (left == 3)
+      wide_pass<3>(xr + r * ldr, ldr, xd + r * ldf, ldf, wv, sv, bv, g0, st0, st1, steps, K, gs,
+                   acc + 4 * r, y + r * ldy, ldy);
+    else if (left == 2)
+      wide_pass<2>(xr + r * ldr, ldr, xd + r * ldf, ldf, wv, sv, bv, g0, st0, st1, steps, K, gs,
+                   acc + 4 * r, y + r * ldy, ldy);
+    else if (left == 1)
+      wide_pass<1>(xr + r * ldr, ldr, xd + r * ldf, ldf, wv, sv, bv, g0, st0, st1, steps, K, gs,
+                   acc + 4 * r, y + r * ldy, ldy);
+  }
+}
+
+// Columns n0..n1-1: blocks of 16 in the wide form, the rest as q8rows takes them; rows in
+// groups of up to kWideMaxRows.
+template <int BITS, typename S>
+void q8wide_rows(const int8_t* xr, int64_t ldr, const float* xd, const float* xs, int64_t ldf,
+                 const uint8_t* wq, int64_t ldq, const S* s, const S* b, int64_t ldg, float* y,
+                 int64_t ldy, int64_t M, int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 16 <= n1; n += 16)
+    for (int64_t r = 0; r < M; r += kWideMaxRows)
+      q8wide<BITS, S>(xr + r * ldr, ldr, xd + r * ldf, ldf, wq + n * ldq, ldq, s + n * ldg,
+                      b ? b + n * ldg : nullptr, ldg, y + r * ldy + n, ldy,
+                      M - r < kWideMaxRows ? M - r : kWideMaxRows, K, gs);
+  if (n < n1) q8rows<BITS, S>(xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs, n, n1);
+}
+
+template <typename S>
+void q8wide_typed(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
+                  int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s, const void* b,
+                  int64_t ldg, float* y, int64_t ldy, int64_t M, int64_t K, int64_t gs,
+                  int64_t n0, int64_t n1) {
+  const S *ts = static_cast<const S*>(s), *tb = static_cast<const S*>(b);
+  if (bits == 8)
+    return q8wide_rows<8, S>(xr, ldr, xd, xs, ldf, wq, ldq, ts, tb, ldg, y, ldy, M, K, gs, n0,
+                             n1);
+  q8wide_rows<4, S>(xr, ldr, xd, xs, ldf, wq, ldq, ts, tb, ldg, y, ldy, M, K, gs, n0, n1);
+}
+
+
 }  // namespace
 
 void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,
@@ -293,6 +529,13 @@ void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s,
                        const void* b, bool half, int64_t ldg, float* y, int64_t ldy, int64_t M,
                        int64_t K, int64_t gs, int64_t n0, int64_t n1) {
+  if (M >= kQ8WideRows) {
+    if (half)
+      return q8wide_typed<uint16_t>(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K,
+                                    gs, n0, n1);
+    return q8wide_typed<float>(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, ldg, y, ldy, M, K, gs,
+                               n0, n1);
+  }
   q8rows_bits(bits, xr, ldr, xd, xs, ldf, wq, ldq, s, b, half, ldg, y, ldy, M, K, gs, n0, n1);
 }
 

@@ -309,9 +309,15 @@ void run_qjob(QJob job) {
     job.x = at;
     job.ldx = job.K;
   }
-  // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block).
-  job.rows = ((32 * 1024) / job.K + 3) / 4 * 4;
-  if (job.rows < 4) job.rows = 4;
+  // Chunks of about 32 K weights, on multiples of 4 rows (the AVX-512 column block), or of 16
+  // where the VNNI form's wide form runs (kernel_q.h's kQ8WideRows).
+#if defined(__x86_64__) || defined(_M_X64)
+  const int64_t block = job.q8 && job.form == 2 && job.M >= kQ8WideRows ? 16 : 4;
+#else
+  const int64_t block = 4;
+#endif
+  job.rows = ((32 * 1024) / job.K + block - 1) / block * block;
+  if (job.rows < block) job.rows = block;
   int64_t chunks = (job.N + job.rows - 1) / job.rows;
   if (chunks > Pool::kMaxChunks) {
     chunks = Pool::kMaxChunks;
