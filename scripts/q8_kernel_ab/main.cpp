@@ -73,7 +73,7 @@ void product(QuantizeFn quantize, Q8RowsFn fn, const float* x, const Weight& w, 
   xf.assign(2 * units * ldf, 0.0f);
   quantize(w.bits, x, w.K, M, w.K, xr.data(), ldr, xf.data(), xf.data() + units * ldf, ldf);
   // as quantized_matmul.cpp: on multiples of 16 columns where the wide form runs (kernel_q.h)
-  const int64_t block = M >= 16 ? 16 : 4;
+  const int64_t block = M >= 9 ? 16 : 4;
   const int64_t rows = std::max<int64_t>(block, (32 * 1024 / w.K + block - 1) / block * block);
   Job j{fn, xr.data(), xf.data(), xf.data() + units * ldf, ldr, ldf, w, y, M, rows};
   edgespec_native::Pool::get().run(run_chunk, &j, (w.N + rows - 1) / rows);

@@ -59,7 +59,7 @@ void qdequantize_avx2(int bits, const uint8_t* wq, int64_t ldq, const float* s, 
 // (kernel_q8_avx512.cpp's wide form: the same bits); threads split N on multiples of 16 there.
 // Below it the per-call transposition of the weights costs more than the rows save
 // (docs/measurements.md, "Prefill products in column lanes").
-constexpr int64_t kQ8WideRows = 16;
+constexpr int64_t kQ8WideRows = 9;
 void q8rows_avx512vnni(int bits, const int8_t* xr, int64_t ldr, const float* xd, const float* xs,
                        int64_t ldf, const uint8_t* wq, int64_t ldq, const void* s,
                        const void* b, bool half, int64_t ldg, float* y, int64_t ldy, int64_t M,
