@@ -133,6 +133,29 @@ def test_many_rows_over_a_long_k_give_each_row_its_bits(mod, bits, symmetric):  
     assert all(mx.array_equal(per_isa[0], other).item() for other in per_isa[1:])
 
 
+@pytest.mark.parametrize("k, group_size", [(160, 32), (192, 64), (1056, 32), (256, 32)])
+def test_a_zero_keeps_its_sign_bit_in_every_form(mod, k, group_size):  # noqa: F811
+    """Outputs that underflow to zero (tiny x and scales, zero weights) get the sign bit each
+    row gets alone, in the wide form (9 rows) as in the quads: where K ends inside a step, the
+    positions past K add +0 in both, so a -0 sum comes out +0 alike."""
+    n, bits, m = 16, 4, 9
+    wq = mx.array(np.zeros((n, k * bits // 32), dtype=np.uint32))
+    scales = mx.array(np.full((n, k // group_size), 1e-9, dtype=np.float32))
+    biases = mx.array(np.full((n, k // group_size), -1e-9, dtype=np.float32))
+    x = mx.array(np.full((m, k), 1e-38, dtype=np.float32))
+    before = mod.isa()
+    try:
+        for isa in _int8_isas(mod):
+            mod.set_isa(isa)
+            y = quantized_small_matmul_native(x, wq, scales, biases, group_size, bits, q8=True)
+            alone = quantized_small_matmul_native(x[:1], wq, scales, biases, group_size, bits,
+                                                  q8=True)
+            got = np.asarray(y).view(np.uint32)
+            assert (got == np.asarray(alone).view(np.uint32)[0]).all(), (isa, k)
+    finally:
+        mod.set_isa(before)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_shapes_scales_and_threads_within_the_twin(mod, seed):  # noqa: F811
     """Random shapes (columns in many chunks over the pool's threads, ragged blocks) and x

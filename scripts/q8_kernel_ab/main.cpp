@@ -72,7 +72,8 @@ void product(QuantizeFn quantize, Q8RowsFn fn, const float* x, const Weight& w, 
   xr.assign(units * ldr, 0);
   xf.assign(2 * units * ldf, 0.0f);
   quantize(w.bits, x, w.K, M, w.K, xr.data(), ldr, xf.data(), xf.data() + units * ldf, ldf);
-  // as quantized_matmul.cpp: on multiples of 16 columns where the wide form runs (kernel_q.h)
+  // as quantized_matmul.cpp: on multiples of 16 columns where the wide form runs (from
+  // kernel_q.h's kQ8WideRows rows on; its value here, since both variants share this driver)
   const int64_t block = M >= 9 ? 16 : 4;
   const int64_t rows = std::max<int64_t>(block, (32 * 1024 / w.K + block - 1) / block * block);
   Job j{fn, xr.data(), xf.data(), xf.data() + units * ldf, ldr, ldf, w, y, M, rows};

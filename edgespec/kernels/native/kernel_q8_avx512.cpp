@@ -355,7 +355,11 @@ inline void wide_pass(const int8_t* xr, int64_t ldr, const float* xd, int64_t ld
     const int64_t k = st * 128, nb = (K - k) / 32 < 4 ? (K - k) / 32 : 4;
     #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
-      if (b >= nb) break;
+      if (b >= nb) {  // past K (the last step): q8lanes adds +0 there, which makes -0 +0
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) a[r][b] = _mm512_add_ps(a[r][b], _mm512_setzero_ps());
+        continue;
+      }
       const int64_t g = ((k + 32 * b) >> sh) - g0;
       __m512i dot[R];
       #pragma GCC unroll 4
