@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from . import native
-from .backend import KernelError, use_q8_activations, use_quantized_small_matmul
+from .backend import (KernelError, native_enabled, use_q8_activations,
+                      use_quantized_small_matmul)
 
 
 def quantized_small_matmul_mlx(x, wq, scales, biases, group_size: int, bits: int) -> mx.array:
@@ -73,6 +75,24 @@ def half_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]
     exact = mx.array_equal(halves[0].astype(mx.float32), scales) and mx.array_equal(
         halves[1].astype(mx.float32), biases)
     return halves if exact.item() else None
+
+
+def embedding_rows(module: nn.Module, ids: mx.array) -> mx.array:
+    """``module(ids)``: the embedding of token ids. An ``nn.QuantizedEmbedding`` in the affine
+    layout with float32 scales and biases takes the native ``quantized_rows`` where the native
+    kernels run: one operation with the module's bits, where the module's gathers and
+    dequantization make some thirty, each one a forward's host work. Any other module, or
+    elsewhere, is called as it is (its pure-MLX twin)."""
+    if (type(module) is nn.QuantizedEmbedding and module.mode == "affine"
+            and module.bits in (4, 8) and module.group_size in (32, 64, 128)
+            and module.get("biases") is not None and module["scales"].dtype == mx.float32
+            and module["biases"].dtype == mx.float32 and ids.dtype in (mx.int32, mx.uint32)
+            and native_enabled()):
+        mod = native.load()
+        if hasattr(mod, "quantized_rows"):
+            return mod.quantized_rows(ids, module["weight"], module["scales"], module["biases"],
+                                      module.group_size, module.bits)
+    return module(ids)
 
 
 def quantized_small_matmul_native(x, wq, scales, biases, group_size: int, bits: int,

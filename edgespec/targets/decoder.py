@@ -30,6 +30,7 @@ from ..kernels.attention import prepare
 from ..kernels.backend import q8_scope
 from ..kernels.fused_block import ManyMasks, mask_runs_native
 from ..kernels.matmul import halves, linear
+from ..kernels.qmatmul import embedding_rows
 from .weight_arena import advise_huge_pages, huge_pages_wanted, pack_blocks
 
 
@@ -114,7 +115,7 @@ class Decoder(nn.Module):
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.model.embed_tokens(tokens)
+        return embedding_rows(self.model.embed_tokens, tokens)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """A checkpoint's weights renamed or split into this model's modules (phi3's fused

@@ -22,6 +22,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels.qmatmul import embedding_rows
 from .decoder import Decoder, DecoderArgs
 from .parts import Attention, GatedMLP, OffsetRMSNorm, Rope, SandwichBlock
 
@@ -76,7 +77,7 @@ class Model(Decoder):
         self.embed_scale = math.sqrt(args.hidden_size)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.model.embed_tokens(tokens) * self.embed_scale
+        return embedding_rows(self.model.embed_tokens, tokens) * self.embed_scale
 
     def logits(self, hidden: mx.array) -> mx.array:
         return softcap(super().logits(hidden), self.args.final_logit_softcapping)

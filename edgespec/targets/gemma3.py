@@ -19,6 +19,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels.qmatmul import embedding_rows
 from .decoder import Decoder, DecoderArgs
 from .gemma2 import sliding_windows
 from .parts import Attention, GatedMLP, OffsetRMSNorm, Rope, SandwichBlock
@@ -78,7 +79,7 @@ class Model(Decoder):
         self.embed_scale = mx.array(math.sqrt(args.hidden_size), dtype=mx.bfloat16).item()
 
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.model.embed_tokens(tokens) * self.embed_scale
+        return embedding_rows(self.model.embed_tokens, tokens) * self.embed_scale
 
     def cache_windows(self) -> list[int | None]:
         return sliding_windows(self.args)

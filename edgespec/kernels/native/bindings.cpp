@@ -31,6 +31,11 @@ NB_MODULE(_edgespec_native, m) {
         "quantized to int8 per 32 values first (4 or 8 bits; AVX-512 VNNI or AVX2); symmetric: "
         "every bias is -2^(bits - 1) times its scale, as the caller checked (the VNNI form then "
         "does not read them).");
+  m.def("quantized_rows", &edgespec_native::quantized_rows_op, "ids"_a, "wq"_a, "scales"_a,
+        "biases"_a, "group_size"_a, "bits"_a,
+        "Rows ids of a table in MLX's affine layout (4 or 8 bits, float32 scales and biases), "
+        "dequantized with mx.dequantize's bits (QuantizedEmbedding's rows) in one operation; an "
+        "id outside the table gives a row of NaN.");
   m.def("has_q8_activations", &edgespec_native::has_q8_activations,
         "Whether quantized_small_matmul(..., q8=True) runs here.");
   m.def("q8_vnni", &edgespec_native::q8_vnni,

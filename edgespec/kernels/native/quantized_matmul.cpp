@@ -395,4 +395,79 @@ void QuantizedSmallMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("EdgespecQuantizedSmallMatmul has no GPU form");
 }
 
+namespace {
+
+void check_rows(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("quantized_rows: ") + what);
+}
+
+}  // namespace
+
+mx::array quantized_rows_op(const mx::array& ids, const mx::array& wq, const mx::array& scales,
+                            const mx::array& biases, int group_size, int bits) {
+  check_rows(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check_rows(group_size == 32 || group_size == 64 || group_size == 128,
+        "group_size must be 32, 64 or 128");
+  check_rows((ids.dtype() == mx::int32 || ids.dtype() == mx::uint32) && wq.dtype() == mx::uint32 &&
+            scales.dtype() == mx::float32 && biases.dtype() == mx::float32,
+        "need int32 or uint32 ids (argmax gives uint32), uint32 wq, and float32 scales and "
+        "biases");
+  check_rows(wq.ndim() == 2 && scales.ndim() == 2 && scales.shape() == biases.shape() &&
+            scales.shape(0) == wq.shape(0) &&
+            int64_t(scales.shape(1)) * group_size * bits == int64_t(wq.shape(1)) * 32,
+        "need wq (V, K bits / 32), scales and biases (V, K / group_size)");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  if (s.device.type != mx::Device::cpu) s = mx::to_stream(mx::Device::cpu);
+  mx::Shape out_shape = ids.shape();
+  out_shape.push_back(scales.shape(1) * group_size);
+  return mx::array(out_shape, mx::float32, std::make_shared<QuantizedRows>(s, group_size, bits),
+                   {mx::contiguous(ids, false, s), as_rows(wq, s), as_rows(scales, s),
+                    as_rows(biases, s)});
+}
+
+std::vector<mx::Shape> QuantizedRows::output_shapes(const std::vector<mx::array>& in) {
+  mx::Shape out = in[0].shape();
+  out.push_back(in[2].shape(1) * group_size_);
+  return {out};
+}
+
+void QuantizedRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto &ids = inputs[0], &wq = inputs[1], &sc = inputs[2], &bi = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  const bool is_signed = ids.dtype() == mx::int32;
+  const int32_t* sid = is_signed ? ids.data<int32_t>() : nullptr;
+  const uint32_t* uid = is_signed ? nullptr : ids.data<uint32_t>();
+  const uint32_t* w = wq.data<uint32_t>();
+  const float *s = sc.data<float>(), *b = bi.data<float>();
+  float* y = out.data<float>();
+  const int64_t n = int64_t(ids.size()), V = wq.shape(0), words = wq.shape(1),
+                groups = sc.shape(1), gs = group_size_, bits = bits_;
+  encoder.dispatch([=]() {
+    const int64_t K = groups * gs, per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t v = is_signed ? int64_t(sid[r]) : int64_t(uid[r]);
+      float* yr = y + r * K;
+      if (v < 0 || v >= V) {  // not a row of the table
+        for (int64_t k = 0; k < K; ++k) yr[k] = std::nanf("");
+        continue;
+      }
+      const uint32_t* row = w + v * words;
+      for (int64_t k = 0; k < K; ++k) {
+        const float q = static_cast<float>((row[k / per] >> (bits * (k % per))) & mask);
+        // rounded on its own, as mx.dequantize's product is: no fused multiply-add
+        const volatile float p = q * s[v * groups + k / gs];
+        yr[k] = p + b[v * groups + k / gs];
+      }
+    }
+  });
+}
+
+void QuantizedRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("EdgespecQuantizedRows has no GPU form");
+}
+
 }  // namespace edgespec_native

@@ -85,4 +85,32 @@ class QuantizedSmallMatmul : public mx::UnaryPrimitive {
   bool symmetric_;
 };
 
+// Rows `ids` (int32 or uint32, any shape) of a table in MLX's affine layout (wq (V, K bits /
+// 32) uint32, scales and biases (V, K / group_size) float32; 4 or 8 bits), dequantized as
+// mx.dequantize does: scale * q rounded, then + bias rounded (no fused multiply-add), so the
+// bits of QuantizedEmbedding's rows, in one operation where its gathers and dequantization make
+// some thirty. An id outside [0, V) gives a row of NaN. Output: ids.shape + (K,), float32.
+mx::array quantized_rows_op(const mx::array& ids, const mx::array& wq, const mx::array& scales,
+                            const mx::array& biases, int group_size, int bits);
+
+class QuantizedRows : public mx::UnaryPrimitive {
+ public:
+  QuantizedRows(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override { return "EdgespecQuantizedRows"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantizedRows&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 }  // namespace edgespec_native
