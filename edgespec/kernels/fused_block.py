@@ -67,6 +67,8 @@ class FusedBlock:
         ``placed``); None: made here where the native form takes them (``_half_copies``)."""
         a, r = block.self_attn, block.self_attn.rope
         self.w = weights
+        wqkv = weights["wqkv"]  # float32 weights, or a quantized weight's float32 scales
+        self.float32 = (wqkv[1] if isinstance(wqkv, tuple) else wqkv).dtype == mx.float32
         # the native forward's (packed, scales, biases) of a product whose float32 scales and
         # biases are float16 numbers, as float16 (``half_scales``); the modules keep float32
         self.halves = halves or {}
@@ -167,12 +169,7 @@ class FusedBlock:
     def native_ready(self) -> bool:
         """Whether small forwards of this block run as one native operation: it has the native
         form and float32 weights (or scales), so float32 activations."""
-        float32 = self.__dict__.get("_float32")
-        if float32 is None:  # the weights are fixed at construction: their dtype is read once
-            w = self.w["wqkv"]
-            floats = w[1] if isinstance(w, tuple) else w  # the scales of a quantized weight
-            float32 = self._float32 = floats.dtype == mx.float32
-        return self.native_args is not None and float32
+        return self.native_args is not None and self.float32
 
     def read(self, name: str):
         """Product ``name``'s weights as the native forward reads them: its float array, or

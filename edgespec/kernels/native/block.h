@@ -112,6 +112,10 @@ struct LayerInputs {
   }
 };
 
+// Each layer's constant block arguments (inv_freq, n1, n2, bqkv, bgu, bd, its weights), shared
+// by a DecoderStack and the operations and tasks it makes.
+using LayerArgs = std::shared_ptr<const std::vector<std::vector<mx::array>>>;
+
 class DecoderStack {
  public:
   DecoderStack(std::vector<std::vector<mx::array>> layer_args, std::vector<BlockShape> shapes);
@@ -156,7 +160,7 @@ class DecoderStack {
 
   // Each layer's arguments, evaluated at construction: the operations hold them (shared), not
   // as graph inputs, so a forward neither copies nor schedules every layer's constant arrays.
-  std::shared_ptr<const std::vector<std::vector<mx::array>>> args_;
+  LayerArgs args_;
   std::vector<BlockShape> shapes_;
 };
 
@@ -179,7 +183,7 @@ class DecoderBlocks : public mx::Primitive {
  public:
   DecoderBlocks(mx::Stream stream, std::vector<BlockShape> shapes,
                 std::vector<std::vector<SegmentSpec>> segs, std::vector<int> capture,
-                bool in_place, std::shared_ptr<const std::vector<std::vector<mx::array>>> args)
+                bool in_place, LayerArgs args)
       : mx::Primitive(stream), shapes_(std::move(shapes)), segs_(std::move(segs)),
         capture_(std::move(capture)), in_place_(in_place), args_(std::move(args)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -193,7 +197,7 @@ class DecoderBlocks : public mx::Primitive {
   std::vector<std::vector<SegmentSpec>> segs_;  // per layer, one per sequence
   std::vector<int> capture_;
   bool in_place_;
-  std::shared_ptr<const std::vector<std::vector<mx::array>>> args_;  // per layer
+  LayerArgs args_;
 };
 
 // How many cache buffers DecoderBlocks has copied before writing into them in place, since

@@ -468,7 +468,6 @@ void q8wide_typed(int bits, const int8_t* xr, int64_t ldr, const float* xd, cons
   q8wide_rows<4, S>(xr, ldr, xd, xs, ldf, wq, ldq, ts, tb, ldg, y, ldy, M, K, gs, n0, n1);
 }
 
-
 }  // namespace
 
 void q8quantize_avx512(int bits, const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xr,

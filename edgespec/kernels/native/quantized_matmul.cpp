@@ -407,15 +407,16 @@ mx::array quantized_rows_op(const mx::array& ids, const mx::array& wq, const mx:
                             const mx::array& biases, int group_size, int bits) {
   check_rows(bits == 4 || bits == 8, "bits must be 4 or 8");
   check_rows(group_size == 32 || group_size == 64 || group_size == 128,
-        "group_size must be 32, 64 or 128");
-  check_rows((ids.dtype() == mx::int32 || ids.dtype() == mx::uint32) && wq.dtype() == mx::uint32 &&
-            scales.dtype() == mx::float32 && biases.dtype() == mx::float32,
-        "need int32 or uint32 ids (argmax gives uint32), uint32 wq, and float32 scales and "
-        "biases");
+             "group_size must be 32, 64 or 128");
+  check_rows((ids.dtype() == mx::int32 || ids.dtype() == mx::uint32) &&
+                 wq.dtype() == mx::uint32 && scales.dtype() == mx::float32 &&
+                 biases.dtype() == mx::float32,
+             "need int32 or uint32 ids (argmax gives uint32), uint32 wq, and float32 scales and "
+             "biases");
   check_rows(wq.ndim() == 2 && scales.ndim() == 2 && scales.shape() == biases.shape() &&
-            scales.shape(0) == wq.shape(0) &&
-            int64_t(scales.shape(1)) * group_size * bits == int64_t(wq.shape(1)) * 32,
-        "need wq (V, K bits / 32), scales and biases (V, K / group_size)");
+                 scales.shape(0) == wq.shape(0) &&
+                 int64_t(scales.shape(1)) * group_size * bits == int64_t(wq.shape(1)) * 32,
+             "need wq (V, K bits / 32), scales and biases (V, K / group_size)");
   auto s = mx::to_stream(mx::StreamOrDevice{});
   if (s.device.type != mx::Device::cpu) s = mx::to_stream(mx::Device::cpu);
   mx::Shape out_shape = ids.shape();
