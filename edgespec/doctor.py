@@ -338,6 +338,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "native_kernels": native_summary(),
         "metal_kernels": metal_summary(),
         "model": target.name, "dtype": target.dtype, "layers": target.num_layers,
+        "widened": [{"bits": b, "to": t, "layers": n}
+                    for (b, t), n in sorted(target.model.widened.items())],
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "quantized": target.quantized,
@@ -393,7 +395,10 @@ def format_findings(f: dict) -> str:
         + ("" if ok_blas else "  <- reference BLAS: install OpenBLAS or MKL (scripts/setup.sh)"),
         f"kernels    {f['native_kernels']}",
         f"metal      {f['metal_kernels']}",
-        f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}",
+        f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}"
+        + "".join(f"\n           {w['layers']} layers of {w['bits']}-bit weights re-packed as "
+                  f"{w['to']}-bit for the native products (the same weights, more bytes)"
+                  for w in f.get("widened", [])),
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"
         + ("" if not {1, 16} <= set(fwd) else f", 16-token / 1-token = {fwd[16] / fwd[1]:.2f}x")

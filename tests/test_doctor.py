@@ -199,3 +199,9 @@ def test_the_timed_forwards_score_ids_the_model_has(tiny_models, monkeypatch):
     doctor.forward_times(target, (1, 4), context=200, rounds=1)
     assert target.args.vocab_size < 1010 and seen
     assert 0 <= min(seen) and max(seen) < target.args.vocab_size
+
+
+def test_widened_weights_are_named_on_the_model_line():
+    text = doctor.format_findings(dict(FINDINGS, widened=[{"bits": 5, "to": 8, "layers": 81}]))
+    assert "81 layers of 5-bit weights re-packed as 8-bit for the native products" in text
+    assert "re-packed" not in doctor.format_findings(FINDINGS)

@@ -77,6 +77,71 @@ def half_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]
     return halves if exact.item() else None
 
 
+NATIVE_BITS = (4, 8)  # the widths the native products and ``quantized_rows`` take
+
+
+def native_width(bits: int) -> int | None:
+    """The width the native kernels take for ``bits``-bit weights: ``bits`` itself where they
+    take it, else the next wider one (1 to 3 bits: 4; 5 and 6 bits: 8); None above 8."""
+    return next((w for w in NATIVE_BITS if w >= bits), None)
+
+
+_WIDEN_CHUNK = 1 << 22  # values re-packed at a time (a chunk's uint32 lanes take 16 MB)
+
+
+def widen_packed(wq: mx.array, bits: int, to: int) -> mx.array:
+    """MLX's packing of ``bits``-bit values (N, K·bits/32 uint32: each row a little-endian bit
+    stream, every 8 values in ``bits`` bytes) re-packed as ``to``-bit values, ``to`` 4 or 8
+    and at least ``bits``: (N, K·to/32), the same values. With the same scales and biases
+    the weights dequantize to the same numbers, bit for bit (``tests/test_widen.py``)."""
+    if to not in NATIVE_BITS or not 1 <= bits <= to:
+        raise ValueError(f"cannot widen {bits}-bit weights to {to} bits (to 4 or 8, not narrower)")
+    n, words = wq.shape
+    k = words * 32 // bits
+    rows = max(1, _WIDEN_CHUNK // max(k, 1))
+    mask = (1 << bits) - 1
+    parts = []
+    for a in range(0, n, rows):
+        b = wq[a : a + rows].view(mx.uint8).reshape(-1, k // 8, bits).astype(mx.uint32)
+        # 8 values in ``bits`` bytes: value i starts at bit bits * i of that little-endian run
+        q = []
+        for i in range(8):
+            lo, shift = divmod(bits * i, 8)
+            v = b[..., lo] >> shift
+            if shift + bits > 8:  # the value runs into the next byte
+                v = v | (b[..., lo + 1] << (8 - shift))
+            q.append((v & mask).astype(mx.uint8))
+        q = mx.stack(q, axis=-1).reshape(-1, k)  # (rows, K) values, K in order
+        if to == 4:
+            q = q[:, 0::2] | (q[:, 1::2] << 4)
+        part = q.reshape(-1, k * to // 32, 4).view(mx.uint32).reshape(-1, k * to // 32)
+        mx.eval(part)
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+
+
+def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
+    """Re-pack every affine quantized linear layer and embedding of ``model`` whose bits the
+    native kernels lack (1, 2, 3, 5, 6) at the next width they take (``native_width``), with
+    its scales and biases unchanged: the same weights exactly, at more bytes (5 bits: 8/5 of
+    the packed bytes). On the CPU MLX's own product for those widths costs about a native
+    4- or 8-bit one's tenfold (docs/measurements.md, "Weights of other widths widened for the
+    native products"), so ``load_target`` calls this on the CPU; elsewhere (Metal) MLX's
+    kernels take every width. Returns {(from, to): layers re-packed}."""
+    done: dict[tuple[int, int], int] = {}
+    for _, module in model.named_modules():
+        if (type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding)
+                or module.mode != "affine" or module.group_size not in (32, 64, 128)):
+            continue
+        to = native_width(module.bits)
+        if to is None or to == module.bits:
+            continue
+        module.weight = widen_packed(module["weight"], module.bits, to)
+        done[(module.bits, to)] = done.get((module.bits, to), 0) + 1
+        module.bits = to
+    return done
+
+
 def embedding_rows(module: nn.Module, ids: mx.array) -> mx.array:
     """``module(ids)``: the embedding of token ids. An ``nn.QuantizedEmbedding`` in the affine
     layout with float32 scales and biases takes the native ``quantized_rows`` where the native

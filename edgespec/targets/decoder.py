@@ -327,6 +327,9 @@ class Decoder(nn.Module):
         return out, dict(zip(wanted, caught))
 
     _stack = None  # _native_stack's (fused forms, native arguments, DecoderStack or None)
+    # {(bits, to): layers} re-packed for the native products on load (``widen_for_native``); a
+    # plain attribute (object.__setattr__), not a child module
+    widened: dict = {}
 
     def fuse(self) -> int:
         """Fuse every block that has a fused form, then put the weights a decoding step

@@ -4,7 +4,9 @@ float32 matmuls are memory-bound, which is what speculation needs), the checkpoi
 quantization / half precision on Metal and CUDA; ``dtype=`` overrides. Quantized checkpoints
 (mlx-lm's ``quantization`` config) are kept quantized or dequantized to the asked dtype; kept
 quantized on the CPU backend, everything but the packed weights is float32 (scales, biases,
-norms, so the activations too), the layout the native quantized kernel takes.
+norms, so the activations too), the layout the native quantized kernel takes, and weights of a
+width it lacks (5 bits: GGUF's Q5_0 and Q5_K; 1-3 and 6 bits) are re-packed at the next width
+it takes, the same weights at more bytes (``qmatmul.widen_for_native``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..kernels.qmatmul import widen_for_native
 from ..loading.tokenizer import Tokenizer
 from .config_check import check_shapes, check_values
 from .decoder import Decoder
@@ -70,6 +73,8 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
         raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
     del weights  # the model holds them: each array fuse() moves is freed as it goes
     mx.eval(model.parameters())
+    if keep_quantized and mx.default_device() == mx.cpu:
+        object.__setattr__(model, "widened", widen_for_native(model))
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)
     return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized,

@@ -1,0 +1,113 @@
+"""Weights of widths the native products lack, re-packed at one they take (``widen_for_native``):
+the same weights bit for bit, and a target loaded with them runs every product natively."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from edgespec.kernels import qmatmul
+from edgespec.kernels.qmatmul import native_width, widen_for_native, widen_packed
+
+from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
+from .test_qmatmul import _quantized_copy
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_widened_weights_dequantize_to_the_same_bits(bits, group_size):
+    w = mx.random.normal((37, 384), key=mx.random.key(bits * 1000 + group_size))
+    wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    want = mx.dequantize(wq, scales, biases, group_size, bits)
+    for to in (4, 8):
+        if to < bits:
+            continue
+        wide = widen_packed(wq, bits, to)
+        assert wide.dtype == mx.uint32 and wide.shape == (37, 384 * to // 32)
+        assert mx.array_equal(mx.dequantize(wide, scales, biases, group_size, to), want), to
+
+
+def test_widening_in_chunks_gives_the_same_array(monkeypatch):
+    w = mx.random.normal((29, 256), key=mx.random.key(3))
+    wq, _, _ = mx.quantize(w, group_size=32, bits=5)
+    whole = widen_packed(wq, 5, 8)
+    monkeypatch.setattr(qmatmul, "_WIDEN_CHUNK", 3 * 256)  # 3 rows at a time: 10 chunks
+    assert mx.array_equal(widen_packed(wq, 5, 8), whole)
+
+
+def test_native_width_and_bad_widths():
+    assert [native_width(b) for b in (1, 2, 3, 4, 5, 6, 8, 16)] == [4, 4, 4, 4, 8, 8, 8, None]
+    wq = mx.zeros((2, 10), dtype=mx.uint32)  # 64 values of 5 bits
+    with pytest.raises(ValueError, match="cannot widen 5-bit weights to 4 bits"):
+        widen_packed(wq, 5, 4)
+    with pytest.raises(ValueError, match="cannot widen 5-bit weights to 6 bits"):
+        widen_packed(wq, 5, 6)
+
+
+def test_only_affine_layers_of_other_widths_are_widened():
+    model = nn.Sequential(*[nn.QuantizedLinear.from_linear(nn.Linear(64, 32), 32, b)
+                            for b in (5, 4, 3, 8)], nn.Linear(64, 32))  # a float layer too
+    before = [mx.dequantize(q["weight"], q["scales"], q["biases"], q.group_size, q.bits)
+              for q in model.layers[:4]]
+    assert widen_for_native(model) == {(5, 8): 1, (3, 4): 1}
+    assert [q.bits for q in model.layers[:4]] == [8, 4, 4, 8]
+    for q, want in zip(model.layers[:4], before):
+        got = mx.dequantize(q["weight"], q["scales"], q["biases"], q.group_size, q.bits)
+        assert mx.array_equal(got, want)
+    x = mx.random.normal((3, 64), key=mx.random.key(0))
+    assert model.layers[0](x).shape == (3, 32)  # the module's own product reads the new width
+
+
+@pytest.mark.parametrize("bits,to", [(5, 8), (3, 4)])
+def test_a_target_of_another_width_runs_natively_and_speculates_exactly(
+        mod, tiny_models, tmp_path, monkeypatch, bits, to):  # noqa: F811
+    """Loaded kept quantized on the CPU: its products (and the embedding) re-packed at ``to``
+    bits with the file's weights, every product through the native kernel, logits close to
+    MLX's own product of the file's width, and greedy speculation equal to plain decoding."""
+    import sys
+
+    from edgespec import Engine
+    from edgespec.config import SamplingConfig
+    from edgespec.drafters.registry import make_drafter
+    from edgespec.options import spec_for
+    from edgespec.targets import load_target
+
+    path = _quantized_copy(tiny_models.path(layers=2), tmp_path / "q", bits)
+    target = load_target(path, dtype="auto")
+    layers = [m for _, m in target.model.named_modules()
+              if type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)]
+    assert layers and {m.bits for m in layers} == {to}
+    assert target.model.widened == {(bits, to): len(layers)}
+    files = mx.load(str(path / "model.safetensors"))
+    up = target.model.model.layers[0].mlp.up_proj
+    stem = "model.layers.0.mlp.up_proj"
+    want = mx.dequantize(files[stem + ".weight"], files[stem + ".scales"].astype(mx.float32),
+                         files[stem + ".biases"].astype(mx.float32), 32, bits)
+    assert mx.array_equal(mx.dequantize(up["weight"], up["scales"], up["biases"], 32, to), want)
+
+    # MLX's own product of the file's width (widening off) is the reference
+    loading = sys.modules["edgespec.targets.load"]
+    monkeypatch.setattr(loading, "widen_for_native", lambda model: {})
+    own = load_target(path, dtype="auto")
+    assert own.model.model.layers[0].mlp.up_proj.bits == bits
+    monkeypatch.undo()
+    ids = list(range(5, 21))
+    monkeypatch.setenv("EDGESPEC_Q8_ACTIVATIONS", "0")  # float x: comparable with MLX's product
+    got = np.array(target.score(ids, target.make_cache()).logits)
+    ref = np.array(own.score(ids, own.make_cache()).logits)
+    np.testing.assert_allclose(got, ref, atol=2e-3, rtol=1e-3)
+    monkeypatch.delenv("EDGESPEC_Q8_ACTIVATIONS")
+
+    calls = []
+    real = mod.quantized_small_matmul
+    monkeypatch.setattr(mod, "quantized_small_matmul",
+                        lambda *a: calls.append(a[5]) or real(*a))
+    prompt = "the cat sat on the mat and the cat sat on the"
+    plain = Engine(target).generate(prompt, max_tokens=24)
+    assert calls and set(calls) == {to}  # the LM head at least; the blocks ran as native blocks
+    greedy = SamplingConfig()
+    for method in ("lookup", "lookahead"):
+        engine = Engine(target, make_drafter(spec_for(method, {}), target, greedy), greedy)
+        assert engine.generate(prompt, max_tokens=24).token_ids == plain.token_ids, method
