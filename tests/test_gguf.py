@@ -151,6 +151,33 @@ def test_sentencepiece_vocabulary(tmp_path):
     assert emoji[1:] == [3 + b for b in "😀".encode()] and tok.decode(emoji) == "H😀"
 
 
+def test_a_gemma_file_without_a_template_gets_gemmas_turns(tmp_path):
+    """A gemma-family GGUF with no chat template (the Gemma 3 270M file has none) renders chats
+    in Gemma's turn format and stops at <end_of_turn>; other families keep the generic one."""
+    pieces = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"] + [
+        f"<0x{b:02X}>" for b in range(256)] + ["▁", "h", "i"]
+    meta = {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": pieces, "tokenizer.ggml.scores": [0.0] * len(pieces),
+            "tokenizer.ggml.token_type": [3] * 5 + [6] * 256 + [1] * 3,
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1}
+    for arch, template in (("gemma3", True), ("llama", False)):
+        files = eg.tokenizer_files(dict(meta, **{"general.architecture": arch}), tmp_path / "g.gguf")
+        assert ("chat_template" in files["tokenizer_config.json"]) == template, arch
+        stops = files["generation_config.json"]["eos_token_id"]
+        assert stops == ([1, 4] if template else 1), arch
+    (tmp_path / "tok").mkdir()
+    for name, content in eg.tokenizer_files(meta, tmp_path / "g.gguf").items():
+        (tmp_path / "tok" / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    tok = Tokenizer.from_dir(tmp_path / "tok")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " hi "},
+            {"role": "assistant", "content": "hi"}, {"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(chat) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n"
+        "<start_of_turn>model\nhi<end_of_turn>\n"
+        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n")
+    assert tok.eos_token_ids == frozenset({1, 4})
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 def test_unknown_architecture(tmp_path):

@@ -50,7 +50,7 @@ from .archs import (GLOBAL_NAMES, LAYER_NAMES, NORM_SHIFT, PERMUTED_QK, SUPPORTE
                     hf_config, hf_name)
 from .blocks import AFFINE_BITS, DENSE_DECODED, GROUP_SIZE, to_affine, to_dense
 
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 """Bump when the output of :func:`convert_gguf` changes; hub.py keys its cache on it."""
 
 DENSE_TYPES = (T.F32, T.F16, T.BF16)

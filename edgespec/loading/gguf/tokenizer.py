@@ -27,6 +27,27 @@ _PRE_ALIASES = {"gpt2": "gpt-2", "starcoder": "smollm", "refact": "smollm", "cod
                 "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
+GEMMA_TURNS = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set opening = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set opening = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
+    "{{ (opening if loop.first else '') + (m['content'] | trim) }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+"""Gemma's turn format: a turn is ``<start_of_turn>`` + role (the assistant's turns are the
+model's) + its text + ``<end_of_turn>``; a system message opens the first user turn. Gemma's
+instruction-tuned models answer only in it, and a GGUF may carry no template at all (the Gemma 3
+270M file this project's ``gemma3-270m`` shortcut uses has none), so ``tokenizer_files`` gives a
+gemma-family file without one this template and ``<end_of_turn>`` as a stop token, where the
+generic fallback (ChatML, ``loading/tokenizer.py``) would get no answer at all."""
+FAMILY_TEMPLATES = {"gemma": (GEMMA_TURNS, "<end_of_turn>"),
+                    "gemma2": (GEMMA_TURNS, "<end_of_turn>"),
+                    "gemma3": (GEMMA_TURNS, "<end_of_turn>")}
+"""``general.architecture`` -> (the chat template, its end-of-turn token) for files without one."""
+
 
 def _byte_level_bpe(meta: dict, tokens: list[str], vocab: dict, path: Path) -> tokenizers.Tokenizer:
     """GPT-2 style byte-level BPE (``tokenizer.ggml.model == "gpt2"``)."""
@@ -125,9 +146,15 @@ def tokenizer_files(meta: dict, path: Path) -> dict[str, object]:
               "add_eos_token": add_eos, "bos_token": name["bos"], "eos_token": name["eos"],
               "unk_token": name["unknown"], "pad_token": name["padding"],
               "clean_up_tokenization_spaces": False}
+    eos_ids = {ids[k] for k in ("eos", "eot", "eom") if name[k] is not None}
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
-    eos_ids = sorted({ids[k] for k in ("eos", "eot", "eom") if name[k] is not None})
+    elif meta.get("general.architecture") in FAMILY_TEMPLATES:
+        template, end = FAMILY_TEMPLATES[meta["general.architecture"]]
+        config["chat_template"] = template
+        if end in tokens:
+            eos_ids.add(tokens.index(end))
+    eos_ids = sorted(eos_ids)
     generation = {"bos_token_id": ids["bos"] if name["bos"] else None,
                   "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
     return {"tokenizer.json": tok.to_str(), "tokenizer_config.json": config,
