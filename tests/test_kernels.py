@@ -140,6 +140,24 @@ def test_strided_inputs_and_compile(mod):
     assert mx.allclose(f(x, w_rows), 2 * (x @ w_rows.T), rtol=1e-5, atol=1e-4).item()
 
 
+def test_gradients_through_the_op_are_mlxs(mod):
+    """The module path's projections go through the op and the drafting heads train through
+    that path: its gradients with respect to x and w are those of x @ w.T."""
+    x = mx.random.normal((5, 3, 40), key=mx.random.key(1))
+    w = mx.random.normal((24, 40), key=mx.random.key(2))
+    weights = mx.arange(24, dtype=mx.float32)
+
+    def loss(product):
+        return lambda x, w: (product(x, w) * weights).sum()
+
+    ours = mx.grad(loss(mod.small_matmul), argnums=(0, 1))(x, w)
+    want = mx.grad(loss(lambda x, w: x @ w.T), argnums=(0, 1))(x, w)
+    for got, ref in zip(ours, want):
+        np.testing.assert_allclose(np.array(got), np.array(ref), rtol=1e-5, atol=1e-5)
+    only_w = mx.grad(loss(mod.small_matmul), argnums=1)(x, w)
+    np.testing.assert_allclose(np.array(only_w), np.array(want[1]), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_inputs_raise_kernel_error(mod):
     x = mx.zeros((2, 8))
     with pytest.raises(backend.KernelError, match=r"same K; got x \(2, 8\) and w \(3, 7\)"):

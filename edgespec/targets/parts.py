@@ -162,12 +162,13 @@ class Attention(nn.Module):
 
 
 def project(module: nn.Module, x: mx.array) -> mx.array:
-    """A projection of the module path: quantized weights through ``kernels.matmul.linear`` (the
-    native small-M kernel where it applies: quantized targets and self-drafts), float ones called
-    as they are (this path is the fused path's pure-MLX twin)."""
-    if isinstance(module, nn.QuantizedLinear):
-        return linear(module, x)
-    return module(x)
+    """A projection of the module path, through ``kernels.matmul.linear``: the native small-M
+    kernels where they apply (float32 and quantized weights), whose rows do not depend on each
+    other, so that a family without a native block (Gemma, the layers of MoE and hybrid models
+    around their experts and recurrences) gives a verify's rows the bits one-token decoding
+    gives them; MLX's product (BLAS) elsewhere, whose rows may depend on how many come
+    together (``tests/test_families.py``). The kernels have pure-MLX twins of their own."""
+    return linear(module, x)
 
 
 class GatedMLP(nn.Module):

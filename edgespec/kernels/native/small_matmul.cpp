@@ -80,6 +80,21 @@ void SmallMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out)
   });
 }
 
+std::vector<mx::array> SmallMatmul::vjp(const std::vector<mx::array>& primals,
+                                        const std::vector<mx::array>& cotangents,
+                                        const std::vector<int>& argnums,
+                                        const std::vector<mx::array>&) {
+  const auto& g = cotangents[0];  // (M, N)
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    if (arg == 0)
+      grads.push_back(mx::matmul(g, primals[1], stream()));  // (M, K)
+    else
+      grads.push_back(mx::matmul(mx::transpose(g, {1, 0}, stream()), primals[0], stream()));
+  }
+  return grads;
+}
+
 void SmallMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("EdgespecSmallMatmul has no GPU form; use x @ w.T there");
 }

@@ -23,6 +23,12 @@ class SmallMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "EdgespecSmallMatmul"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  // The gradients of x (M, K) @ w.T by MLX's own products: the module path's projections go
+  // through this op, and the drafting heads train through that path.
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override;
 };
 
 }  // namespace edgespec_native
