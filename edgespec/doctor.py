@@ -209,13 +209,13 @@ def fma_rates() -> tuple[float, float, float, int] | None:
 def int8_rate(target) -> float | None:
     """Int8 multiply-adds per second of the vpdpbusd loop on all the kernels' threads (the best
     of ``_FMA_ROUNDS`` rounds) when ``target``'s products take int8 activations (kept quantized,
-    a forward's rows exact: ``Decoder.rows_exact``, the AVX-512 VNNI form); None otherwise: the
-    FMA loop is then their ceiling."""
+    every block native, the AVX-512 VNNI form); None otherwise: the FMA loop is then their
+    ceiling."""
     from .kernels import native  # noqa: PLC0415
     from .kernels.backend import use_q8_activations  # noqa: PLC0415
 
     mod = native.load()
-    if (mod is None or not target.quantized or not target.model.rows_exact()
+    if (mod is None or not target.quantized or not target.model.native_blocks()
             or not use_q8_activations(4)):
         return None
     rate = max(mod.q8_peak(1) for _ in range(_FMA_ROUNDS))

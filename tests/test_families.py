@@ -152,32 +152,6 @@ def test_the_module_paths_float_products_are_row_exact(tmp_path, monkeypatch):
     _verify_rows_equal_decode_steps(target)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gemma2"])
-def test_a_gemma_kept_quantized_rounds_x_to_int8_with_rows_exact(tmp_path, monkeypatch, name):
-    """Gemma's blocks have no native form, but their module path is row by row and native
-    (``SandwichBlock.rows_exact``), so a 4-bit Gemma's products take int8 activations there
-    too: a verify's rows keep one-token decoding's bits, and greedy speculation its output."""
-    from edgespec.kernels import backend, native
-
-    mod = native.load()
-    if mod is None or not mod.has_q8_activations():
-        pytest.skip("no int8 form for this CPU")
-    monkeypatch.delenv(backend.Q8_ENV, raising=False)
-    config = {**(CONFIGS[name] if name in CONFIGS else WINDOWED[name]), "intermediate_size": 256}
-    path = make_oracle_model(tmp_path / "g", config, 0)
-    quantize_oracle_model(path)
-    target = load_target(path, dtype="auto")
-    assert target.model.rows_exact() and not target.model.native_blocks()
-    modes = []
-    real = mod.quantized_small_matmul
-    monkeypatch.setattr(mod, "quantized_small_matmul", lambda *a: modes.append(a[6]) or real(*a))
-    _verify_rows_equal_decode_steps(target)
-    assert modes and all(modes)  # every product took int8 x
-    want = Engine(target).generate(PROMPT, max_tokens=24).token_ids
-    lookup = Engine(target, PromptLookupDrafter()).generate(PROMPT, max_tokens=24)
-    assert lookup.token_ids == want and lookup.stats.proposed > 0
-
-
 def test_module_path_matches_mlx_lm(dirs):
     """The fused blocks are checked above; here the module path they are the twin of."""
     for name in ("llama", "qwen2", "qwen3", "phi3-longrope-partial", "smollm3"):

@@ -105,7 +105,7 @@ def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_pat
         assert calls and all(len(quant) == 4 for quant in calls)  # the quantized layout
         # the twin: the fused path, whose forward would keep x in float32 (backend.q8_scope),
         # told its rows are exact so that it rounds x to int8 as the native block does
-        monkeypatch.setattr(target.model, "rows_exact", lambda: True)
+        monkeypatch.setattr(target.model, "native_blocks", lambda: True)
         want, want_kv, _ = _run(target, False, 20)
     finally:
         backend.set_q8_activations(None)

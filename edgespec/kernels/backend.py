@@ -94,9 +94,8 @@ def q8_scope(rows_exact: bool):
     int8 value wherever x sits on a rounding boundary, so a forward whose other operations are
     not bit-independent per row (the module path of MoE, hybrid and some attention variants)
     would let a verify of many tokens disagree with one-token decoding. The target's forward
-    runs inside this scope with ``rows_exact`` = ``Decoder.rows_exact`` (every block runs as one
-    native operation, or its module path is row by row and native, as Gemma's); outside it int8
-    activations stay allowed."""
+    runs inside this scope with ``rows_exact`` = every block runs as one native operation
+    (``Decoder.native_blocks``); outside it int8 activations stay allowed."""
     token = _q8_rows_exact.set(bool(rows_exact))
     try:
         yield

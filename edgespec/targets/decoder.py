@@ -157,7 +157,7 @@ class Decoder(nn.Module):
             stack = self._stack_for(tokens, masks, cache, hidden)
             if stack is not None:
                 return self._run_stack(stack, tokens, masks, cache, hidden, capture)
-        with q8_scope(self.rows_exact()):
+        with q8_scope(self.native_blocks()):
             return self._run(tokens, positions, masks, cache, layers, hidden, capture)
 
     def _stack_for(self, tokens, masks, cache, hidden):
@@ -350,18 +350,11 @@ class Decoder(nn.Module):
         """Whether every block runs small forwards as one native operation."""
         return all(getattr(b, "native_ready", lambda: False)() for b in self.model.layers)
 
-    def rows_exact(self) -> bool:
-        """Whether a small forward (at most ``SMALL_M_MAX`` rows) gives each row the bits it
-        gets alone: every block runs as one native operation, or its module path is made of
-        row-wise operations and native kernels only (``SandwichBlock.rows_exact``). Int8
-        activations run only in such forwards (``kernels.backend.q8_scope``)."""
-        return all(getattr(b, "rows_exact", lambda: False)() for b in self.model.layers)
-
     def output_head(self) -> nn.Module:
         """The module the LM head applies: the tied embedding, or ``lm_head``."""
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
 
     def logits(self, hidden: mx.array) -> mx.array:
         h = self.model.norm(hidden)  # the head through kernels/matmul (small inputs: native)
-        with q8_scope(self.rows_exact()):
+        with q8_scope(self.native_blocks()):
             return linear(self.output_head(), h)

@@ -24,8 +24,7 @@ from ..kernels.activations import silu
 from ..kernels.attention import attend
 from ..kernels.fused_block import FusedBlock
 from ..kernels.rope_norm import rope
-from ..kernels.backend import use_native_tree_attention
-from ..kernels.matmul import linear, linear_rows_exact
+from ..kernels.matmul import linear
 
 
 @dataclass(frozen=True)
@@ -221,10 +220,6 @@ class PreNormBlock(nn.Module):
         """Whether small forwards run as one native operation (``FusedBlock.native_ready``)."""
         return self._fused is not None and self._fused.native_ready()
 
-    def rows_exact(self) -> bool:
-        """``Decoder.rows_exact`` for this block: it runs as one native operation."""
-        return self.native_ready()
-
     def native_many(self, x, masks, caches, layer):
         """Several sequences' rows in one native operation (``FusedBlock.native_many``; only
         where ``native_ready``)."""
@@ -283,16 +278,6 @@ class SandwichBlock(nn.Module):
 
     def fuse(self) -> bool:
         return False
-
-    def rows_exact(self) -> bool:
-        """``Decoder.rows_exact`` for this block: its norms, RoPE and activation work row by
-        row, its attention is the native tree attention (a forward of at most 64 tokens) and
-        each projection a native kernel (``linear_rows_exact``: quantized 4- or 8-bit weights,
-        or float32 ones with enough work for the small-M kernel at one row)."""
-        a, m = self.self_attn, self.mlp
-        projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
-                       m.down_proj)
-        return use_native_tree_attention() and all(linear_rows_exact(p, 1) for p in projections)
 
     def streamed(self) -> list[mx.array]:
         return []
