@@ -2,9 +2,7 @@
 (the Gemma 3 270M GGUF: 81 of its products are Q5_0), three ways in one process, taking turns:
 
 - ``mlx``: the file's widths, MLX's own product for the 5-bit layers (``widen_for_native`` off);
-- ``widened, float x``: re-packed at 8 bits, every product native, x kept in float32;
-- ``widened, int8 x``: the same with int8 activations (the default where the forward's rows are
-  exact: ``Decoder.rows_exact``), as edgespec runs it;
+- ``widened``: re-packed at 8 bits, every product native, as edgespec runs it;
 - ``... float by MLX``: that, with the module path's float32 projections (the file's Q6_K
   layers, dequantized) by MLX's product instead of the native one (``parts.project`` before it
   took ``linear``).
@@ -26,7 +24,6 @@ import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.nn as nn
 
 from edgespec.engine import Engine
-from edgespec.kernels import backend
 from edgespec.targets import load, parts
 
 project = parts.project
@@ -57,23 +54,19 @@ def main(model: str = "gemma3-270m", rounds: str = "3", tokens: str = "64") -> N
     own = load(model, dtype="auto", progress=False)
     loading.widen_for_native = widen
     wide = load(model, dtype="auto", progress=False)
-    print(f"{model}: re-packed {wide.model.widened}; rows exact {wide.model.rows_exact()}")
-    variants = {"mlx": (own, False), "widened, float x": (wide, False),
-                "widened, int8 x": (wide, None), "... float by MLX": (wide, None)}
+    print(f"{model}: re-packed {wide.model.widened}")
+    variants = {"mlx": own, "widened": wide, "... float by MLX": wide}
     speeds: dict[str, list[float]] = {v: [] for v in variants}
     outs: dict[str, list] = {}
     decode(wide, 8)  # warm-up
     for r in range(int(rounds)):
         names = list(variants) if r % 2 == 0 else list(variants)[::-1]
         for name in names:
-            target, q8 = variants[name]
-            backend.set_q8_activations(q8)
             if name.endswith("float by MLX"):
                 parts.project = mlx_floats
             try:
-                speed, outs[name] = decode(target, int(tokens))
+                speed, outs[name] = decode(variants[name], int(tokens))
             finally:
-                backend.set_q8_activations(None)
                 parts.project = project
             speeds[name].append(speed)
     base = speeds["mlx"]

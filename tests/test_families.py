@@ -134,6 +134,8 @@ def test_a_verify_row_gets_the_bits_of_a_decode_step(pair, request, monkeypatch)
     tiny model's small ones too, as they take a real model's)."""
     from edgespec.kernels import backend
 
+    if not backend.native_enabled():
+        pytest.skip("the native kernels do not run here: MLX's products decide the rows")
     if request.node.callspec.params["pair"] in NOT_ROW_EXACT:
         request.applymarker(pytest.mark.xfail(strict=True, reason="not row-exact yet"))
     monkeypatch.setattr(backend, "MIN_WORK", 0)
@@ -146,6 +148,8 @@ def test_the_module_paths_float_products_are_row_exact(tmp_path, monkeypatch):
     rows do once a product has 256 outputs (this model's gate|up)."""
     from edgespec.kernels import backend
 
+    if not backend.native_enabled():
+        pytest.skip("the native kernels do not run here: MLX's products decide the rows")
     monkeypatch.setattr(backend, "MIN_WORK", 0)
     config = {**CONFIGS["gemma3"], "intermediate_size": 512}
     target = load_target(make_oracle_model(tmp_path / "g", config, 0), dtype="float32")

@@ -165,6 +165,10 @@ def test_a_gemma_file_without_a_template_gets_gemmas_turns(tmp_path):
         assert ("chat_template" in files["tokenizer_config.json"]) == template, arch
         stops = files["generation_config.json"]["eos_token_id"]
         assert stops == ([1, 4] if template else 1), arch
+    own = eg.tokenizer_files(dict(meta, **{"tokenizer.chat_template": "{{ 'x' }}"}),
+                             tmp_path / "g.gguf")  # its own template, no end-of-turn id
+    assert own["tokenizer_config.json"]["chat_template"] == "{{ 'x' }}"
+    assert own["generation_config.json"]["eos_token_id"] == [1, 4]
     (tmp_path / "tok").mkdir()
     for name, content in eg.tokenizer_files(meta, tmp_path / "g.gguf").items():
         (tmp_path / "tok" / name).write_text(content if isinstance(content, str) else json.dumps(content))

@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from edgespec.kernels import qmatmul
+from edgespec.kernels import backend, qmatmul
 from edgespec.kernels.qmatmul import native_width, widen_for_native, widen_packed
 
 from .test_kernels import mod  # noqa: F401  (the fixture: the module, or skip / fail)
@@ -58,6 +58,40 @@ def test_only_affine_layers_of_other_widths_are_widened():
         assert mx.array_equal(got, want)
     x = mx.random.normal((3, 64), key=mx.random.key(0))
     assert model.layers[0](x).shape == (3, 32)  # the module's own product reads the new width
+
+
+def test_what_was_kept_for_the_old_width_is_dropped(mod):  # noqa: F811
+    """A Q5_0-like layer (every bias -16 times its scale: symmetric at 5 bits, not at 8) that
+    ran once before it was re-packed computes the re-packed product, not the 5-bit form's."""
+    from edgespec.kernels.matmul import linear, symmetric
+
+    layer = nn.QuantizedLinear.from_linear(nn.Linear(256, 48, bias=False), 32, 5)
+    layer.biases = layer.scales * -16.0
+    x = mx.random.normal((2, 256), key=mx.random.key(4))
+    assert symmetric(layer)
+    linear(layer, x)
+    model = nn.Sequential(layer)
+    assert widen_for_native(model) == {(5, 8): 1}
+    assert not symmetric(layer)
+    # the twin of whichever form runs (int8 x where it does: x rounded the same way)
+    twin = (qmatmul.quantized_small_matmul_q8_mlx if backend.use_q8_activations(8)
+            else qmatmul.quantized_small_matmul_mlx)
+    want = twin(x, layer["weight"], layer["scales"], layer["biases"], 32, 8)
+    np.testing.assert_allclose(np.array(linear(layer, x)), np.array(want), atol=1e-3, rtol=1e-4)
+
+
+def test_nothing_is_re_packed_where_the_native_kernels_do_not_run(tiny_models, tmp_path,
+                                                                 monkeypatch):
+    import sys
+
+    from edgespec.targets import load_target
+
+    loading = sys.modules["edgespec.targets.load"]
+    monkeypatch.setattr(loading, "native_enabled", lambda: False)
+    target = load_target(_quantized_copy(tiny_models.path(layers=2), tmp_path / "q", 5),
+                         dtype="auto")
+    assert target.model.widened == {}
+    assert target.model.model.layers[0].mlp.up_proj.bits == 5
 
 
 @pytest.mark.parametrize("bits,to", [(5, 8), (3, 4)])

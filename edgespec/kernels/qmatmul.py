@@ -121,13 +121,15 @@ def widen_packed(wq: mx.array, bits: int, to: int) -> mx.array:
 
 
 def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
-    """Re-pack every affine quantized linear layer and embedding of ``model`` whose bits the
-    native kernels lack (1, 2, 3, 5, 6) at the next width they take (``native_width``), with
-    its scales and biases unchanged: the same weights exactly, at more bytes (5 bits: 8/5 of
-    the packed bytes). On the CPU MLX's own product for those widths costs about a native
-    4- or 8-bit one's tenfold (docs/measurements.md, "Weights of other widths widened for the
-    native products"), so ``load_target`` calls this on the CPU; elsewhere (Metal) MLX's
-    kernels take every width. Returns {(from, to): layers re-packed}."""
+    """Re-pack every affine ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` of ``model``
+    whose bits the native kernels lack (1, 2, 3, 5, 6) at the next width they take
+    (``native_width``), with its scales and biases unchanged: the same weights exactly, at more
+    bytes (5 bits: 8/5 of the packed bytes). MLX's own CPU product for those widths costs about
+    a native 4- or 8-bit one's tenfold (docs/measurements.md, "Gemma 3 on the quantized path"),
+    so ``load_target`` calls this where the native kernels run; elsewhere (Metal, a CPU without
+    them) MLX's product of the file's width costs no more and nothing is re-packed. What
+    ``kernels/matmul`` kept for a layer's old width (its ``_once`` entries) is dropped. Returns
+    {(from, to): layers re-packed}."""
     done: dict[tuple[int, int], int] = {}
     for _, module in model.named_modules():
         if (type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding)
@@ -139,6 +141,8 @@ def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
         module.weight = widen_packed(module["weight"], module.bits, to)
         done[(module.bits, to)] = done.get((module.bits, to), 0) + 1
         module.bits = to
+        for kept in [k for k in module.__dict__ if k.startswith("_edgespec_")]:
+            del module.__dict__[kept]  # symmetric / halves of the old width
     return done
 
 

@@ -4,9 +4,10 @@ float32 matmuls are memory-bound, which is what speculation needs), the checkpoi
 quantization / half precision on Metal and CUDA; ``dtype=`` overrides. Quantized checkpoints
 (mlx-lm's ``quantization`` config) are kept quantized or dequantized to the asked dtype; kept
 quantized on the CPU backend, everything but the packed weights is float32 (scales, biases,
-norms, so the activations too), the layout the native quantized kernel takes, and weights of a
-width it lacks (5 bits: GGUF's Q5_0 and Q5_K; 1-3 and 6 bits) are re-packed at the next width
-it takes, the same weights at more bytes (``qmatmul.widen_for_native``).
+norms, so the activations too), the layout the native quantized kernel takes, and where it
+runs, weights of a width it lacks (5 bits: GGUF's Q5_0, Q5_1 and Q5_K; 1-3 and 6 bits) are
+re-packed at the next width it takes, the same weights at more bytes
+(``qmatmul.widen_for_native``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..kernels.backend import native_enabled
 from ..kernels.qmatmul import widen_for_native
 from ..loading.tokenizer import Tokenizer
 from .config_check import check_shapes, check_values
@@ -73,7 +75,7 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
         raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
     del weights  # the model holds them: each array fuse() moves is freed as it goes
     mx.eval(model.parameters())
-    if keep_quantized and mx.default_device() == mx.cpu:
+    if keep_quantized and native_enabled():  # the CPU's native products: 4 and 8 bits
         object.__setattr__(model, "widened", widen_for_native(model))
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)

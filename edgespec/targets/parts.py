@@ -162,12 +162,13 @@ class Attention(nn.Module):
 
 
 def project(module: nn.Module, x: mx.array) -> mx.array:
-    """A projection of the module path, through ``kernels.matmul.linear``: the native small-M
-    kernels where they apply (float32 and quantized weights), whose rows do not depend on each
-    other, so that a family without a native block (Gemma, the layers of MoE and hybrid models
-    around their experts and recurrences) gives a verify's rows the bits one-token decoding
-    gives them; MLX's product (BLAS) elsewhere, whose rows may depend on how many come
-    together (``tests/test_families.py``). The kernels have pure-MLX twins of their own."""
+    """A projection of the module path, through ``kernels.matmul.linear``: the native kernels
+    where they apply (4/8-bit weights at any row count, float32 ones up to ``SMALL_M_MAX``
+    rows), whose rows do not depend on each other, so that a family without a native block
+    (Gemma, the layers of MoE and hybrid models around their experts and recurrences) gives a
+    verify's rows the bits one-token decoding gives them; MLX's product (BLAS) elsewhere, whose
+    rows may depend on how many come together (``tests/test_families.py``). The kernels have
+    pure-MLX twins of their own."""
     return linear(module, x)
 
 

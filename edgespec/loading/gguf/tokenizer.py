@@ -42,7 +42,8 @@ model's) + its text + ``<end_of_turn>``; a system message opens the first user t
 instruction-tuned models answer only in it, and a GGUF may carry no template at all (the Gemma 3
 270M file this project's ``gemma3-270m`` shortcut uses has none), so ``tokenizer_files`` gives a
 gemma-family file without one this template and ``<end_of_turn>`` as a stop token, where the
-generic fallback (ChatML, ``loading/tokenizer.py``) would get no answer at all."""
+generic fallback (ChatML, ``loading/tokenizer.py``) would get no answer at all. A gemma file
+with a template of its own but no end-of-turn id stops at ``<end_of_turn>`` too."""
 FAMILY_TEMPLATES = {"gemma": (GEMMA_TURNS, "<end_of_turn>"),
                     "gemma2": (GEMMA_TURNS, "<end_of_turn>"),
                     "gemma3": (GEMMA_TURNS, "<end_of_turn>")}
@@ -147,13 +148,13 @@ def tokenizer_files(meta: dict, path: Path) -> dict[str, object]:
               "unk_token": name["unknown"], "pad_token": name["padding"],
               "clean_up_tokenization_spaces": False}
     eos_ids = {ids[k] for k in ("eos", "eot", "eom") if name[k] is not None}
+    family = FAMILY_TEMPLATES.get(meta.get("general.architecture"))
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
-    elif meta.get("general.architecture") in FAMILY_TEMPLATES:
-        template, end = FAMILY_TEMPLATES[meta["general.architecture"]]
-        config["chat_template"] = template
-        if end in tokens:
-            eos_ids.add(tokens.index(end))
+    elif family is not None:
+        config["chat_template"] = family[0]
+    if family is not None and family[1] in tokens:  # its turns end there, template or not
+        eos_ids.add(tokens.index(family[1]))
     eos_ids = sorted(eos_ids)
     generation = {"bos_token_id": ids["bos"] if name["bos"] else None,
                   "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
