@@ -44,10 +44,9 @@ instruction-tuned models answer only in it, and a GGUF may carry no template at 
 gemma-family file without one this template and ``<end_of_turn>`` as a stop token, where the
 generic fallback (ChatML, ``loading/tokenizer.py``) would get no answer at all. A gemma file
 with a template of its own but no end-of-turn id stops at ``<end_of_turn>`` too."""
-FAMILY_TEMPLATES = {"gemma": (GEMMA_TURNS, "<end_of_turn>"),
-                    "gemma2": (GEMMA_TURNS, "<end_of_turn>"),
-                    "gemma3": (GEMMA_TURNS, "<end_of_turn>")}
-"""``general.architecture`` -> (the chat template, its end-of-turn token) for files without one."""
+FAMILY_TEMPLATES = {"gemma3": (GEMMA_TURNS, "<end_of_turn>")}
+"""``general.architecture`` (of those the converter takes) -> (the chat template of a file without
+one, the end-of-turn token every file of the family stops at)."""
 
 
 def _byte_level_bpe(meta: dict, tokens: list[str], vocab: dict, path: Path) -> tokenizers.Tokenizer:
