@@ -290,8 +290,12 @@ class Engine:
         def lost() -> None:  # a pipelined forward could not be rolled back
             held.lost = True
 
-        def room() -> int:  # drafted nodes this step may add: the token limit, the row share
-            left = max_new - done - 1
+        exact = target.exact_rows()
+
+        def room() -> int:  # drafted nodes this step may add: the token limit, the rows a
+            left = max_new - done - 1  # forward scores exactly, the row share
+            if exact is not None:
+                left = min(left, exact - 1)
             return left if d.rows is None else min(left, d.rows - 1)
 
         t0 = time.perf_counter()

@@ -80,6 +80,32 @@ def _random_tree(rng, vocab, root, budget, n_max=9):
     return DraftTree(tokens, parents)
 
 
+def test_a_step_scores_no_more_rows_than_the_target_scores_exactly(target, monkeypatch):
+    """Where the native kernels run, a forward of more than ``SMALL_M_MAX`` tokens leaves the
+    native block for the module path, whose bits differ from one-token decoding's: the engine
+    keeps every verify within ``Target.exact_rows``, whatever budget a drafter would fill."""
+    from edgespec.kernels.backend import SMALL_M_MAX, native_enabled
+
+    if not native_enabled():
+        pytest.skip("no native kernels: no row limit applies")
+    assert target.exact_rows() == SMALL_M_MAX
+    plain = Engine(target).generate(PROMPT, max_tokens=60)
+    budgets, rows = [], []
+    real = target.score
+    monkeypatch.setattr(target, "score", lambda tokens, cache, **kw: rows.append(
+        len(tokens.tokens) if isinstance(tokens, DraftTree) else len(tokens))
+        or real(tokens, cache, **kw))
+
+    def greedy_chain(root, history, budget):  # the target's own next tokens, as many as allowed
+        budgets.append(budget)
+        return DraftTree.chain(root, plain.token_ids[len(history) - len(prompt_ids):][:budget])
+
+    prompt_ids = Engine(target).encode(PROMPT)
+    res = Engine(target, ScriptedDrafter(greedy_chain)).generate(PROMPT, max_tokens=60)
+    assert res.token_ids == plain.token_ids
+    assert max(budgets) == SMALL_M_MAX - 1 and max(rows[1:]) == SMALL_M_MAX
+
+
 def test_random_trees_keep_greedy_output(target):
     rng = np.random.default_rng(0)
     vocab = target.args.vocab_size

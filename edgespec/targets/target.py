@@ -18,7 +18,8 @@ import numpy as np
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from ..kernels.backend import metal_kernels, use_native_tree_attention
+from ..kernels.backend import (SMALL_M_MAX, metal_kernels, native_enabled,
+                               use_native_tree_attention)
 from ..kernels.compact import gather_rows, move_rows
 from ..kernels.tree_mask import MAX_NODES, tree_mask
 from ..loading.tokenizer import Tokenizer
@@ -77,6 +78,16 @@ class Target:
         if recurrent:  # a hybrid model's recurrent layers keep states (``state_cache``)
             return HybridCache(len(layers), recurrent, **kv)
         return KVCache(len(layers), **kv)
+
+    def exact_rows(self) -> int | None:
+        """The most tokens one forward may score with each token's bits those of scoring it
+        alone, which greedy speculation needs to reproduce plain decoding: ``SMALL_M_MAX`` where
+        the native kernels run (the native block and the float small-M products stop there; a
+        larger forward takes the blocks' module path and MLX's products, whose bits differ: with
+        int8 activations by up to a logit, docs/measurements.md, "A verify row of the module
+        path, and one-token decoding"), else None (MLX's products decide the rows whatever the
+        size). The engine keeps each step's tree within it."""
+        return SMALL_M_MAX if native_enabled() else None
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Final norm + LM head over hidden states (..., H) of the last layer."""
