@@ -161,7 +161,8 @@ def test_a_gemma_file_without_a_template_gets_gemmas_turns(tmp_path):
             "tokenizer.ggml.token_type": [3] * 5 + [6] * 256 + [1] * 3,
             "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1}
     for arch, template in (("gemma3", True), ("llama", False)):
-        files = eg.tokenizer_files(dict(meta, **{"general.architecture": arch}), tmp_path / "g.gguf")
+        files = eg.tokenizer_files(dict(meta, **{"general.architecture": arch}),
+                                   tmp_path / "g.gguf")
         assert ("chat_template" in files["tokenizer_config.json"]) == template, arch
         stops = files["generation_config.json"]["eos_token_id"]
         assert stops == ([1, 4] if template else 1), arch
@@ -171,7 +172,8 @@ def test_a_gemma_file_without_a_template_gets_gemmas_turns(tmp_path):
     assert own["generation_config.json"]["eos_token_id"] == [1, 4]
     (tmp_path / "tok").mkdir()
     for name, content in eg.tokenizer_files(meta, tmp_path / "g.gguf").items():
-        (tmp_path / "tok" / name).write_text(content if isinstance(content, str) else json.dumps(content))
+        text = content if isinstance(content, str) else json.dumps(content)
+        (tmp_path / "tok" / name).write_text(text)
     tok = Tokenizer.from_dir(tmp_path / "tok")
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " hi "},
             {"role": "assistant", "content": "hi"}, {"role": "user", "content": "hi"}]
