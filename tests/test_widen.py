@@ -60,7 +60,7 @@ def test_only_affine_layers_of_other_widths_are_widened():
     assert model.layers[0](x).shape == (3, 32)  # the module's own product reads the new width
 
 
-def test_what_was_kept_for_the_old_width_is_dropped(mod):  # noqa: F811
+def test_what_was_made_for_the_old_width_is_made_again(mod):  # noqa: F811
     """A Q5_0-like layer (every bias -16 times its scale: symmetric at 5 bits, not at 8) that
     ran once before it was re-packed computes the re-packed product, not the 5-bit form's."""
     from edgespec.kernels.matmul import linear, symmetric

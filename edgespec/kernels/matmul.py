@@ -58,15 +58,16 @@ def small_matmul(x: mx.array, w: mx.array) -> mx.array:
 
 
 def _once(module: nn.Module, key: str, make):
-    """``make(scales, biases)`` of a quantized module's arrays, made once for these arrays
-    (MLX arrays never change in place: new weights are new arrays, made again) and kept in
-    the module's ``__dict__`` under ``key``."""
-    scales, biases = module["scales"], module.get("biases")
+    """``make(scales, biases)`` of a quantized module's arrays, made once for these arrays and
+    its bits (MLX arrays never change in place: new weights are new arrays, made again; weights
+    re-packed at another width keep their scales and biases, ``qmatmul.widen_for_native``) and
+    kept in the module's ``__dict__`` under ``key``."""
+    scales, biases, bits = module["scales"], module.get("biases"), module.bits
     seen = module.__dict__.get(key)
-    if seen is None or seen[0] is not scales or seen[1] is not biases:
-        seen = (scales, biases, make(scales, biases))
+    if seen is None or seen[0] is not scales or seen[1] is not biases or seen[2] != bits:
+        seen = (scales, biases, bits, make(scales, biases))
         module.__dict__[key] = seen
-    return seen[2]
+    return seen[3]
 
 
 def symmetric(module: nn.Module) -> bool:

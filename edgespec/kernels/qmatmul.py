@@ -128,8 +128,8 @@ def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
     a native 4- or 8-bit one's tenfold (docs/measurements.md, "Gemma 3 on the quantized path"),
     so ``load_target`` calls this where the native kernels run; elsewhere (Metal, a CPU without
     them) MLX's product of the file's width costs no more and nothing is re-packed. What
-    ``kernels/matmul`` kept for a layer's old width (its ``_once`` entries) is dropped. Returns
-    {(from, to): layers re-packed}."""
+    ``kernels/matmul`` made for a layer's old width is made again (its ``_once`` is keyed on the
+    bits too). Returns {(from, to): layers re-packed}."""
     done: dict[tuple[int, int], int] = {}
     for _, module in model.named_modules():
         if (type(module) not in (nn.QuantizedLinear, nn.QuantizedEmbedding)
@@ -141,8 +141,6 @@ def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
         module.weight = widen_packed(module["weight"], module.bits, to)
         done[(module.bits, to)] = done.get((module.bits, to), 0) + 1
         module.bits = to
-        for kept in [k for k in module.__dict__ if k.startswith("_edgespec_")]:
-            del module.__dict__[kept]  # symmetric / halves of the old width
     return done
 
 
@@ -153,7 +151,7 @@ def embedding_rows(module: nn.Module, ids: mx.array) -> mx.array:
     dequantization make some thirty, each one a forward's host work. Any other module, or
     elsewhere, is called as it is (its pure-MLX twin)."""
     if (type(module) is nn.QuantizedEmbedding and module.mode == "affine"
-            and module.bits in (4, 8) and module.group_size in (32, 64, 128)
+            and module.bits in NATIVE_BITS and module.group_size in (32, 64, 128)
             and module.get("biases") is not None and module["scales"].dtype == mx.float32
             and module["biases"].dtype == mx.float32 and ids.dtype in (mx.int32, mx.uint32)
             and native_enabled()):

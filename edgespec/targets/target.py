@@ -84,8 +84,8 @@ class Target:
         alone, which greedy speculation needs to reproduce plain decoding: ``SMALL_M_MAX`` where
         the native kernels run (the native block and the float small-M products stop there; a
         larger forward takes the blocks' module path and MLX's products, whose bits differ: with
-        int8 activations by up to a logit, docs/measurements.md, "A verify row of the module
-        path, and one-token decoding"), else None (MLX's products decide the rows whatever the
+        int8 activations by up to a logit, docs/measurements.md, "A verify of more than 32
+        tokens"), else None (MLX's products decide the rows whatever the
         size). The engine keeps each step's tree within it."""
         return SMALL_M_MAX if native_enabled() else None
 
