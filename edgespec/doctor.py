@@ -340,6 +340,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "model": target.name, "dtype": target.dtype, "layers": target.num_layers,
         "widened": [{"bits": b, "to": t, "layers": n}
                     for (b, t), n in sorted(target.model.widened.items())],
+        "rounded": {kind: len(mods) for kind, mods in sorted(target.model.rounded.items())},
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "quantized": target.quantized,
@@ -398,7 +399,10 @@ def format_findings(f: dict) -> str:
         f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}"
         + "".join(f"\n           {w['layers']} layers of {w['bits']}-bit weights re-packed as "
                   f"{w['to']}-bit for the native products (the same weights, more bytes)"
-                  for w in f.get("widened", [])),
+                  for w in f.get("widened", []))
+        + "".join(f"\n           {n} {kind} layers rounded to 8 bits, groups of 32 (within half "
+                  f"a step of the file's values; EDGESPEC_Q6K=float keeps them float32)"
+                  for kind, n in f.get("rounded", {}).items()),
         "forward    " + "  ".join(f"{n} tok {ms:.1f} ms" for n, ms in f["forward_ms"].items()),
         f"           8-token / 1-token = {ratio:.2f}x"
         + ("" if not {1, 16} <= set(fwd) else f", 16-token / 1-token = {fwd[16] / fwd[1]:.2f}x")

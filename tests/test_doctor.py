@@ -205,3 +205,9 @@ def test_widened_weights_are_named_on_the_model_line():
     text = doctor.format_findings(dict(FINDINGS, widened=[{"bits": 5, "to": 8, "layers": 81}]))
     assert "81 layers of 5-bit weights re-packed as 8-bit for the native products" in text
     assert "re-packed" not in doctor.format_findings(FINDINGS)
+
+
+def test_rounded_q6_k_layers_are_named_on_the_model_line():
+    text = doctor.format_findings(dict(FINDINGS, rounded={"Q6_K": 9}))
+    assert "9 Q6_K layers rounded to 8 bits, groups of 32" in text
+    assert "rounded to 8 bits" not in doctor.format_findings(FINDINGS)

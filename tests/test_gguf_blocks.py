@@ -11,6 +11,7 @@ import json
 
 import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter, TensorNameMap, quants
@@ -18,9 +19,11 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import MODEL_ARCH
 from mlx.utils import tree_flatten
 
+from edgespec.errors import ModelLoadError
 from edgespec.loading import gguf as eg
 from edgespec.loading.gguf.blocks import AFFINE_BITS, to_affine, to_dense
 from edgespec.targets import load_target
+from edgespec.targets.load import round_to_8_bits
 
 from ._gguf_fixtures import TOKENS, _add_tokenizer
 
@@ -76,10 +79,11 @@ def _gguf_name(tmap: TensorNameMap, hf: str) -> str:
     return f"{tmap.get_name(module)}.{suffix}"
 
 
-def _write_tiny_gemma3(path) -> None:
+def _write_tiny_gemma3(path, types: dict | None = None) -> None:
     """mlx-lm's gemma3_text parameter names, each written under the name ``TensorNameMap``
     gives it: norms as llama.cpp stores them (1 + w), the other tensors as random raw blocks or
-    gguf-quantized random weights of the types in ``_TYPES``."""
+    gguf-quantized random weights of the types in ``types`` (default ``_TYPES``)."""
+    types = types or _TYPES
     from mlx_lm.models import gemma3_text
 
     model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(_GEMMA3))
@@ -103,12 +107,12 @@ def _write_tiny_gemma3(path) -> None:
         shape = p.shape
         if len(shape) == 1:  # a norm: HF w around 0, stored as 1 + w
             w.add_tensor(name, (1.0 + rng.uniform(-0.4, 0.4, shape)).astype(np.float32))
-        elif _TYPES[kind] in (T.Q8_0, T.Q5_0):
+        elif types[kind] in (T.Q8_0, T.Q5_0):
             data = rng.normal(0, shape[1] ** -0.5, shape).astype(np.float32)
-            w.add_tensor(name, quants.quantize(data, _TYPES[kind]), raw_dtype=_TYPES[kind])
+            w.add_tensor(name, quants.quantize(data, types[kind]), raw_dtype=types[kind])
         else:
-            blocks = random_blocks(_TYPES[kind], *shape, rng, scale=shape[1] ** -0.5 / 40)
-            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=_TYPES[kind])
+            blocks = random_blocks(types[kind], *shape, rng, scale=shape[1] ** -0.5 / 40)
+            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=types[kind])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -148,6 +152,80 @@ def test_tiny_gemma3_gguf_matches_mlx_lm_on_its_dequantization(tmp_path):
     ours = np.array(target.score(ids, target.make_cache()).logits)
     want = np.array(reference(mx.array(ids)[None])[0])
     assert np.abs(ours - want).max() < 1e-4 * max(1.0, np.abs(want).max())
+
+
+# -- Q6_K kept quantized: rounded to 8 bits ------------------------------------------------------
+
+def _layers(model) -> dict:
+    return dict(model.named_modules())
+
+
+def _max_step_fraction(rounded: nn.QuantizedLinear, exact: mx.array) -> float:
+    """The largest |rounded weight - exact weight| over its group's 8-bit step."""
+    w = mx.dequantize(rounded.weight, rounded.scales, rounded.biases, group_size=32, bits=8)
+    err = mx.abs(w - exact).reshape(*rounded.scales.shape, 32).max(axis=-1)
+    return float((err / mx.maximum(rounded.scales, 1e-30)).max())
+
+
+def test_round_to_8_bits_is_within_half_a_step_and_exact_on_constant_groups():
+    w = mx.random.normal((16, 256), key=mx.random.key(3)) * mx.linspace(1e-3, 10, 256)
+    w[3, 32:64] = 0.25  # a constant group
+    packed, scales, biases = round_to_8_bits(w)
+    assert packed.dtype == mx.uint32 and scales.shape == (16, 8) and biases.shape == (16, 8)
+    back = mx.dequantize(packed, scales, biases, group_size=32, bits=8)
+    err = mx.abs(back - w).reshape(16, 8, 32).max(axis=-1)
+    assert float((err / mx.maximum(scales, 1e-30)).max()) <= 0.5 + 1e-4
+    assert float(scales[3, 1]) == 0 and (back[3, 32:64] == 0.25).all()
+
+
+def test_q6_k_layers_kept_quantized_are_rounded_to_8_bits(tmp_path, monkeypatch):
+    from edgespec import Engine
+    from edgespec.drafters.lookup import PromptLookupDrafter
+
+    _write_tiny_gemma3(tmp_path / "g.gguf")
+    out = eg.convert_gguf(tmp_path / "g.gguf", tmp_path / "out", progress=False)
+    decoded = json.loads((out / "config.json").read_text())["gguf_decoded_dense"]
+    assert decoded == {f"model.layers.{i}.{m}": "Q6_K" for i in range(_LAYERS)
+                       for m in ("self_attn.v_proj", "mlp.down_proj")}
+    exact = _layers(load_target(out, dtype="float32").model)
+    kept = load_target(out, dtype="auto")
+    assert kept.model.rounded == {"Q6_K": sorted(decoded)}
+    layers = _layers(kept.model)
+    for name in decoded:
+        assert isinstance(layers[name], nn.QuantizedLinear)
+        assert (layers[name].bits, layers[name].group_size) == (8, 32)
+        assert _max_step_fraction(layers[name], exact[name].weight) <= 0.5 + 1e-4
+    text = [int(i) for i in np.random.default_rng(2).integers(3, len(TOKENS), 6)] * 3
+    plain = Engine(kept).generate(text, max_tokens=24)
+    lookup = Engine(kept, PromptLookupDrafter()).generate(text, max_tokens=24)
+    assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0
+
+    monkeypatch.setenv("EDGESPEC_Q6K", "float")  # the file's values, float32
+    floats = load_target(out, dtype="auto")
+    assert floats.model.rounded == {}
+    for name in decoded:
+        layer = _layers(floats.model)[name]
+        assert type(layer) is nn.Linear and layer.weight.dtype == mx.float32
+        assert (layer.weight == exact[name].weight).all()
+    monkeypatch.setenv("EDGESPEC_Q6K", "6")
+    with pytest.raises(ModelLoadError, match="EDGESPEC_Q6K='6' is not one of 8, float"):
+        load_target(out, dtype="auto")
+
+
+def test_a_file_of_q6_k_alone_is_kept_quantized(tmp_path):
+    _write_tiny_gemma3(tmp_path / "g.gguf", {k: T.Q6_K for k in _TYPES})
+    out = eg.convert_gguf(tmp_path / "g.gguf", tmp_path / "out", progress=False)
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization" not in config and "model.embed_tokens" in config["gguf_decoded_dense"]
+    kept = load_target(out, dtype="auto")
+    assert kept.quantized and isinstance(_layers(kept.model)["model.embed_tokens"],
+                                         nn.QuantizedEmbedding)
+    exact = load_target(out, dtype="float32")
+    assert not exact.quantized
+    ids = [int(i) for i in np.random.default_rng(4).integers(3, len(TOKENS), 16)]
+    a = np.array(kept.score(ids, kept.make_cache()).logits)
+    b = np.array(exact.score(ids, exact.make_cache()).logits)
+    assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
 
 
 # -- the real Gemma 3 270M ------------------------------------------------------------------------

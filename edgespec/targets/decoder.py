@@ -330,6 +330,9 @@ class Decoder(nn.Module):
     # {(bits, to): layers} re-packed for the native products on load (``widen_for_native``); a
     # plain attribute (object.__setattr__), not a child module
     widened: dict = {}
+    # {GGUF type: modules} decoded to float32 by the converter and rounded to 8 bits on load
+    # (``load._round_decoded``); a plain attribute like ``widened``
+    rounded: dict = {}
 
     def fuse(self) -> int:
         """Fuse every block that has a fused form, then put the weights a decoding step

@@ -8,11 +8,21 @@ norms, so the activations too), the layout the native quantized kernel takes, an
 runs, weights of a width it lacks (5 bits: GGUF's Q5_0, Q5_1 and Q5_K; 1-3 and 6 bits) are
 re-packed at the next width it takes, the same weights at more bytes
 (``qmatmul.widen_for_native``).
+
+A GGUF's Q6_K matrices (one scale per 16 weights, a group size MLX does not have) arrive as the
+converter's exact float32 decoding, listed in config.json's ``gguf_decoded_dense``. A load that
+keeps the model quantized (``auto``) rounds them to MLX's 8-bit affine groups of 32 (the largest
+error a weight gets is half that group's 8-bit step: an eighth of the coarser Q6_K step of the
+group's two runs of 16, or less) rather than stream 4 bytes a weight, 4.9 times the file's; the
+model is then that rounding of the file, decoded the same way by plain and speculative decoding.
+``EDGESPEC_Q6K=float`` keeps them float32, the file's values exactly; ``--dtype float32`` decodes
+every layer exactly.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,6 +31,7 @@ import mlx.nn as nn
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..kernels.backend import native_enabled
 from ..kernels.qmatmul import widen_for_native
+from ..loading.gguf.tensors import DENSE_DECODED_KEY
 from ..loading.tokenizer import Tokenizer
 from .config_check import check_shapes, check_values
 from .decoder import Decoder
@@ -53,6 +64,9 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     dtype = dtype or default_dtype()
     if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
+    rounded: dict[str, list[str]] = {}
+    if dtype == "auto":
+        quant, rounded = _round_decoded(weights, config.get(DENSE_DECODED_KEY) or {}, quant)
     model = family.model(args)
     weights = model.sanitize(weights)
     keep_quantized = quant is not None and dtype == "auto"
@@ -75,12 +89,57 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
         raise ModelLoadError(f"weights in {path} do not match the {args.model_type} layout: {e}") from None
     del weights  # the model holds them: each array fuse() moves is freed as it goes
     mx.eval(model.parameters())
+    if rounded:
+        object.__setattr__(model, "rounded", rounded)
     if keep_quantized and native_enabled():  # the CPU's native products: 4 and 8 bits
         object.__setattr__(model, "widened", widen_for_native(model))
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)
     return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized,
                   mtp)
+
+
+Q6K_ENV = "EDGESPEC_Q6K"
+ROUNDED_BITS, ROUNDED_GROUP = 8, 32
+
+
+def _round_decoded(weights: dict, decoded: dict, quant: dict | None):
+    """Round the converter's float32 decodings of GGUF types MLX cannot hold (``decoded``:
+    module -> type name, config.json's ``gguf_decoded_dense``) to 8-bit affine groups of 32 in
+    ``weights``, in place, unless ``EDGESPEC_Q6K=float``. Returns the quantization config with
+    those modules added (made if the file had no other quantized layer) and {type: modules}."""
+    value = os.environ.get(Q6K_ENV, "8") or "8"
+    if value not in ("8", "float"):
+        raise ModelLoadError(f"{Q6K_ENV}={value!r} is not one of 8, float")
+    rounded: dict[str, list[str]] = {}
+    if value == "float" or not decoded:
+        return quant, rounded
+    quant = dict(quant) if quant else {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}
+    for module, kind in decoded.items():
+        w = weights.get(f"{module}.weight")
+        if w is None or w.ndim != 2 or w.shape[-1] % ROUNDED_GROUP:
+            continue  # not a matrix MLX groups by 32: it stays float32
+        packed, scales, biases = round_to_8_bits(w)
+        weights[f"{module}.weight"] = packed
+        weights[f"{module}.scales"], weights[f"{module}.biases"] = scales, biases
+        quant[module] = {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}
+        rounded.setdefault(kind, []).append(module)
+    return quant, rounded
+
+
+def round_to_8_bits(w: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """(rows, cols) float weights as MLX's 8-bit affine triplet, groups of 32: each group's
+    scale is its span / 255 and its bias its minimum, so every weight is within half a scale of
+    its value (a constant group exactly). Min-max rather than ``mx.quantize``'s rounding, which
+    makes the group's larger end exact and may stretch the step: this bound holds for every
+    group."""
+    rows, cols = w.shape
+    g = w.astype(mx.float32).reshape(rows, cols // ROUNDED_GROUP, ROUNDED_GROUP)
+    lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
+    scales = (hi - lo) / 255.0
+    q = mx.where(scales > 0, mx.round((g - lo) / mx.where(scales > 0, scales, 1.0)), 0.0)
+    packed = mx.clip(q, 0, 255).astype(mx.uint8).reshape(rows, cols).view(mx.uint32)
+    return packed, scales.squeeze(-1), lo.squeeze(-1)
 
 
 def _read_config(path: Path) -> dict:

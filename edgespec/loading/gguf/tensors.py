@@ -19,7 +19,10 @@ F32, F16, BF16                         the same dtype, as is
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,    MLX affine triplet ``<stem>.weight`` (uint32, packed),
 Q5_K                                   ``<stem>.scales``, ``<stem>.biases``, group size 32, 4/5/8
                                        bits -> kept quantized, dequantizing to the file's values
-Q6_K                                   float32 (one scale per 16 weights: no MLX group size)
+Q6_K                                   float32 (one scale per 16 weights: no MLX group size),
+                                       exactly; the module is listed in config.json's
+                                       ``gguf_decoded_dense``, and a load that keeps the
+                                       model quantized rounds it to 8 bits (``targets/load.py``)
 anything else                          not supported: :class:`UnsupportedModelError`
 =====================================  ==============================================================
 
@@ -50,16 +53,20 @@ from .archs import (GLOBAL_NAMES, LAYER_NAMES, NORM_SHIFT, PERMUTED_QK, SUPPORTE
                     hf_config, hf_name)
 from .blocks import AFFINE_BITS, DENSE_DECODED, GROUP_SIZE, to_affine, to_dense
 
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 """Bump when the output of :func:`convert_gguf` changes; hub.py keys its cache on it."""
 
 DENSE_TYPES = (T.F32, T.F16, T.BF16)
+DENSE_DECODED_KEY = "gguf_decoded_dense"
+"""config.json's record of the matrices decoded to float32 from a type MLX cannot hold (module
+-> GGUF type name), so that a load keeping the model quantized can quantize them again
+(``targets/load.py``)."""
 QUANT_BITS = AFFINE_BITS
 SUPPORTED_TYPES = tuple(t.name for t in (*DENSE_TYPES, *AFFINE_BITS, *DENSE_DECODED))
 _GLOBAL_NAMES, _LAYER_NAMES = GLOBAL_NAMES, LAYER_NAMES["llama"]  # the llama names (tests)
-__all__ = ["CONVERTER_VERSION", "SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "convert_tensors",
-           "hf_config", "hf_name", "permute_rows", "quantization_config", "read_metadata",
-           "unpermute_rows"]
+__all__ = ["CONVERTER_VERSION", "DENSE_DECODED_KEY", "SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES",
+           "convert_tensors", "hf_config", "hf_name", "permute_rows", "quantization_config",
+           "read_metadata", "unpermute_rows"]
 
 
 def permute_rows(w: mx.array, n_head: int) -> mx.array:
@@ -124,7 +131,7 @@ def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool
         heads = {"self_attn.q_proj": config["num_attention_heads"],
                  "self_attn.k_proj": config["num_key_value_heads"]}
     shift = NORM_SHIFT.get(arch, 0.0)
-    weights, bits = {}, {}
+    weights, bits, dense = {}, {}, {}
     for tensor in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor",
                        file=sys.stderr, disable=not progress):
         module = hf_name(tensor.name, arch, path).rpartition(".")[0]
@@ -137,7 +144,11 @@ def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool
             weights[f"{module}.{suffix}"] = array
         if tensor.tensor_type in AFFINE_BITS:
             bits[module] = AFFINE_BITS[tensor.tensor_type]
+        elif tensor.tensor_type in DENSE_DECODED and len(tensor.shape) == 2:
+            dense[module] = tensor.tensor_type.name
     _check_complete(weights, config, arch, path)
+    if dense:
+        config[DENSE_DECODED_KEY] = dict(sorted(dense.items()))
     return weights, quantization_config(bits)
 
 
