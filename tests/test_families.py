@@ -1,5 +1,6 @@
 """Every model family against mlx-lm, the oracle for model math, on tiny random weights
-(float32, logits within 1e-4): a prefill, a decode chain after a prefix (mlx-lm with its own
+(float32, logits within 1e-4, or 1e-5 of the largest logit where that is over 10: Gemma's
+scaled embedding makes logits of ~40, where float32's own rounding is 4e-6): a prefill, a decode chain after a prefix (mlx-lm with its own
 cache, one token at a time; edgespec scores the chain in one pass), and a tree whose branches are
 each checked as a separate chain. Then greedy speculation per family (lookup and the self-draft
 oracle reproduce plain decoding), a sliding/global model through rollback (compared with plain
@@ -64,7 +65,8 @@ def pair(request, dirs):
 
 def _close(ours, want, what: str) -> None:
     diff = float(np.max(np.abs(np.array(ours) - want)))
-    assert diff < ATOL, f"{what}: max |logit difference| {diff:.2e} (tolerance {ATOL})"
+    tol = ATOL * max(1.0, float(np.max(np.abs(want))) / 10)
+    assert diff < tol, f"{what}: max |logit difference| {diff:.2e} (tolerance {tol:.2e})"
 
 
 def _prefilled(target, prefix: list[int]):
@@ -143,9 +145,10 @@ def test_a_verify_row_gets_the_bits_of_a_decode_step(pair, request, monkeypatch)
 
 
 def test_the_module_paths_float_products_are_row_exact(tmp_path, monkeypatch):
-    """A family without a native block (Gemma 3) on float32 weights: its products go through
-    the native kernel, whose rows do not depend on each other, not MLX's product (BLAS), whose
-    rows do once a product has 256 outputs (this model's gate|up)."""
+    """The module path (Gemma 3's blocks with their native form set aside, as a family without
+    one runs) on float32 weights: its products go through the native kernel, whose rows do not
+    depend on each other, not MLX's product (BLAS), whose rows do once a product has 256
+    outputs (this model's gate|up)."""
     from edgespec.kernels import backend
 
     if not backend.native_enabled():
@@ -153,12 +156,15 @@ def test_the_module_paths_float_products_are_row_exact(tmp_path, monkeypatch):
     monkeypatch.setattr(backend, "MIN_WORK", 0)
     config = {**CONFIGS["gemma3"], "intermediate_size": 512}
     target = load_target(make_oracle_model(tmp_path / "g", config, 0), dtype="float32")
+    for block in target.model.model.layers:
+        block._fused = None
+    assert not target.model.native_blocks()
     _verify_rows_equal_decode_steps(target)
 
 
 def test_module_path_matches_mlx_lm(dirs):
     """The fused blocks are checked above; here the module path they are the twin of."""
-    for name in ("llama", "qwen2", "qwen3", "phi3-longrope-partial", "smollm3"):
+    for name in ("llama", "qwen2", "qwen3", "phi3-longrope-partial", "smollm3", "gemma3"):
         path = dirs(name)
         target, oracle = load_target(path, dtype="float32"), load_oracle(path)
         assert target.model.fuse() == target.num_layers  # these families run fused when float

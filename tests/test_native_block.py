@@ -314,3 +314,52 @@ def test_dual_block_names_its_shapes(mod):
     assert out.shape == (2, 8) and k.shape == arrays[1].shape
     with pytest.raises(ValueError, match=r"n1 \(2 hidden,\)"):
         mod.decoder_block(arrays[:6] + [mx.ones((8,))] + arrays[7:], **args)
+
+
+@pytest.mark.parametrize("bits", [None, 4, 8])
+@pytest.mark.parametrize("context", [20, 340])  # 340: the sliding layers' caches compact
+def test_gemma3s_sandwich_block_matches_its_module_path(mod, tmp_path, bits, context,
+                                                        monkeypatch):
+    """Gemma 3's block (norms after attention and the MLP, (1 + w) norms, tanh-GELU, sliding
+    windows with their own RoPE base) as the native sandwich block against its module path,
+    float32 and kept 4- and 8-bit (float x on both sides: with int8 x the twin's last-bit
+    differences cross rounding boundaries, as for qwen3's q/k norms above)."""
+    from edgespec.kernels import backend
+
+    from .oracle import CONFIGS, make_oracle_model, quantize_oracle_model
+
+    monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # one call per layer
+    path = make_oracle_model(tmp_path / "g", CONFIGS["gemma3-untied-scaled"], 0)
+    if bits:
+        quantize_oracle_model(path, bits)
+    target = load_target(path, dtype="auto" if bits else "float32")
+    blocks = target.model.model.layers
+    assert all(b.sandwich and b.native_ready() for b in blocks) and target.quantized == bool(bits)
+    assert target.model.native_blocks()
+    calls = []
+    real = mod.decoder_block
+    monkeypatch.setattr(mod, "decoder_block", lambda arrays, *a, **kw: calls.append(
+        kw["sandwich"]) or real(arrays, *a, **kw))
+    backend.set_q8_activations(False)
+    try:
+        got, got_kv, n1 = _run(target, True, context)
+        want, want_kv, n2 = _run(target, False, context)
+    finally:
+        backend.set_q8_activations(None)
+    assert calls and all(calls) and n1 == n2
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-4 * max(1.0, np.abs(w).max() / 10), rtol=1e-4)
+    for g, w in zip(got_kv, want_kv):  # Gemma's scaled embedding: larger values than llama's
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-5)
+
+
+def test_a_gemma3_row_does_not_depend_on_the_rows_with_it(mod, tmp_path):
+    """Rows alone and together, kept 4-bit with int8 x (the decoding default), through the
+    stack of sandwich blocks."""
+    from .oracle import CONFIGS, make_oracle_model, quantize_oracle_model
+
+    path = make_oracle_model(tmp_path / "g", CONFIGS["gemma3-untied-scaled"], 0)
+    quantize_oracle_model(path, 4)
+    target = load_target(path, dtype="auto")
+    assert target.model.native_blocks() and target.model._current_stack() is not None
+    _rows_alone_and_together(target, 12)

@@ -66,6 +66,7 @@ class FusedBlock:
         """``halves``: the float16 copies moved with the streamed weights (``build``'s
         ``placed``); None: made here where the native form takes them (``_half_copies``)."""
         a, r = block.self_attn, block.self_attn.rope
+        self.sandwich = block.sandwich  # Gemma's block: its native form only (``build``)
         self.w = weights
         wqkv = weights["wqkv"]  # float32 weights, or a quantized weight's float32 scales
         self.float32 = (wqkv[1] if isinstance(wqkv, tuple) else wqkv).dtype == mx.float32
@@ -93,7 +94,10 @@ class FusedBlock:
         # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128); per-head
         # q/k norms (qwen3) with the block's own eps, their weights after the products'.
         self.native_args = None
-        qk_ok = "nq" not in weights or a.q_norm.eps == a.k_norm.eps == block.input_layernorm.eps
+        eps = block.input_layernorm.eps  # the native block's one eps for all its norms
+        qk_ok = "nq" not in weights or a.q_norm.eps == a.k_norm.eps == eps
+        if self.sandwich:
+            qk_ok = qk_ok and all(n.eps == eps for n in block.norms())
         if qk_ok and native_takes(quant):
             if halves is None and quant is not None and on_cpu():
                 self.halves = _half_copies(weights, quant)
@@ -105,7 +109,7 @@ class FusedBlock:
             self.native_args = [inv_freq, weights["n1"], weights["n2"],
                                 *(weights.get(n, none) for n in ("bqkv", "bgu", "bd")),
                                 *(a for n in STREAMED for a in flat(n)),
-                                *(weights[n] for n in ("nq", "nk") if n in weights)]
+                                *(weights[n] for n in ("nq", "nk", "n3", "n4") if n in weights)]
             self.native_shape = (block.input_layernorm.weight.shape[0], a.h, a.kv, a.d,
                                  block.mlp.gate_proj.weight.shape[0], r.dims, r.traditional,
                                  r.mscale, r.scale, block.input_layernorm.eps, a.scale,
@@ -127,12 +131,15 @@ class FusedBlock:
         quantized = quant is not None
         if not quantized and any(type(lin) is not nn.Linear for lin in layers):
             return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
-        if m.act is not silu or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm):
+        if not block.sandwich and (m.act is not silu
+                                   or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm)):
             return None  # another activation or q/k norm than the fused functions compute
         if a.softcap is not None or "sinks" in a or "bias" in a.o_proj:
             return None  # the fused path attends without logit capping, sinks or an o_proj bias
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
+        if block.sandwich and m.act is not nn.gelu_approx:
+            return None  # the native block's activation is tanh-GELU
         names = _PACKED if quantized else ("weight",)
         if placed is None:
             streamed = {"wqkv": joined_weights(qkv, quantized),
@@ -142,8 +149,12 @@ class FusedBlock:
             halves = None
         else:
             streamed, halves = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
-        w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
-             **streamed}
+        if block.sandwich:  # the factors Gemma's norms scale by: 1 + w, as OffsetRMSNorm's
+            n1, n3, n2, n4 = (1.0 + n.weight for n in block.norms())
+            w = {"n1": n1, "n2": n2, "n3": n3, "n4": n4, **streamed}
+        else:
+            w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
+                 **streamed}
         if "bias" in a.q_proj:
             w["bqkv"] = mx.concatenate([lin.bias for lin in qkv])
         if "bias" in m.gate_proj:
@@ -151,7 +162,8 @@ class FusedBlock:
         if "bias" in m.down_proj:
             w["bd"] = m.down_proj.bias
         if a.q_norm is not None:
-            w["nq"], w["nk"] = a.q_norm.weight, a.k_norm.weight
+            w["nq"], w["nk"] = ((1.0 + a.q_norm.weight, 1.0 + a.k_norm.weight) if block.sandwich
+                                else (a.q_norm.weight, a.k_norm.weight))
         mx.eval(w)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
@@ -170,6 +182,20 @@ class FusedBlock:
         """Whether small forwards of this block run as one native operation: it has the native
         form and float32 weights (or scales), so float32 activations."""
         return self.native_args is not None and self.float32
+
+    @property
+    def stack_shape(self) -> tuple:
+        """``native_shape`` as ``native.DecoderStack`` takes it (the sandwich flag last)."""
+        return (*self.native_shape, True) if self.sandwich else self.native_shape
+
+    def native_call(self, x, mask, cache: KVCache, layer: int) -> mx.array | None:
+        """The block as one native operation where this forward runs it (``__call__``'s
+        test), else None: a sandwich block's way in, whose other forwards take the module
+        path (it has no compiled functions)."""
+        if x.shape[0] == 1 and x.dtype == mx.float32 and self.runs_native(x.shape[1], mask,
+                                                                          cache, layer):
+            return self._native(x, mask, cache, layer)
+        return None
 
     def read(self, name: str):
         """Product ``name``'s weights as the native forward reads them: its float array, or
@@ -213,13 +239,14 @@ class FusedBlock:
         callers check ``native_ready`` first."""
         q8 = bool(self.native_shape[-1]) and masks.masks[0].native_block[1]
         return run_native_block_many(self.native_args, self.native_shape, x, masks, caches,
-                                     layer, q8)
+                                     layer, q8, sandwich=self.sandwich)
 
     def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
         """The block as one native operation (``native/block.h``); it writes this forward's
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
-        return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8)
+        return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8,
+                                sandwich=self.sandwich)
 
 
 def mask_runs_native(rows: int, mask) -> bool:
@@ -245,7 +272,7 @@ class ManyMasks:
 
 def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMasks,
                           caches: list[KVCache], layer: int, q8: bool,
-                          dual: bool = False) -> mx.array:
+                          dual: bool = False, sandwich: bool = False) -> mx.array:
     """``run_native_block`` over several sequences' rows in one operation: ``x`` (1, N, H)
     holds each sequence's rows in turn (``masks.nodes[g]`` of them), which attend to
     ``caches[g]`` under ``masks.masks[g]``; each cache gets its own rows' keys/values. A row's
@@ -258,7 +285,8 @@ def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMask
         slots.append(at)
         arrays += [keys, values, masks.anc, masks.qpos, *args] if g == 0 else [keys, values]
     outs = native.load().decoder_block_many(arrays, *shape, q8, masks.nodes, slots,
-                                            masks.key_starts, masks.windows, dual=dual)
+                                            masks.key_starts, masks.windows, dual=dual,
+                                            sandwich=sandwich)
     for g, cache in enumerate(caches):
         cache.set_buffers(layer, outs[1 + 2 * g], outs[2 + 2 * g])
     return outs[0]
@@ -280,17 +308,18 @@ def native_takes(quant: tuple | None) -> bool:
 
 
 def run_native_block(args: list, shape: tuple, x: mx.array, mask: TreeMask, cache: KVCache,
-                     layer: int, q8: bool, dual: bool = False) -> mx.array:
+                     layer: int, q8: bool, dual: bool = False,
+                     sandwich: bool = False) -> mx.array:
     """One forward through the native decoder block (``native/block.h``) with the block's
     ``args`` (inverse frequencies, norms, biases, weights) and ``shape``: the new rows'
     keys/values go into ``cache``'s buffers of ``layer``. ``dual``: the EAGLE-3 head's layer
-    (``heads/eagle3.NativeLayer``)."""
+    (``heads/eagle3.NativeLayer``); ``sandwich``: Gemma's block (``native/block.h``)."""
     kv, d = shape[2:4]
     keys, values, slots = cache.write_buffers(layer, x.shape[-2], kv, d)
     anc, qpos = mask.device_arrays
     out, keys, values = native.load().decoder_block(
         [x, keys, values, anc, qpos, *args], *shape, q8, slots, mask.key_start, mask.window or 0,
-        dual=dual)
+        dual=dual, sandwich=sandwich)
     cache.set_buffers(layer, keys, values)
     return out
 

@@ -43,7 +43,7 @@ def _native_stack(blocks) -> tuple:
     if mod is None or not hasattr(mod, "DecoderStack") or not fused or not all(
             f is not None and f.native_ready() for f in fused):
         return fused, args, None
-    return fused, args, mod.DecoderStack(args, [f.native_shape for f in fused])
+    return fused, args, mod.DecoderStack(args, [f.stack_shape for f in fused])
 
 
 @dataclass

@@ -6,8 +6,8 @@ every ``sliding_window_pattern``-th layer global), each with its own cache polic
 and ``rope_scaling`` on global ones); RMSNorms scaled by ``1 + weight``, also over each head of
 q and k; norms after attention and around the MLP (``parts.SandwichBlock``); a tanh-GELU gated
 MLP; the embedding scaled by sqrt(hidden_size) rounded to bfloat16 (as the checkpoints were
-trained); attention scaled by ``query_pre_attn_scalar ** -0.5``. Blocks run the module path (no
-fused form yet).
+trained); attention scaled by ``query_pre_attn_scalar ** -0.5``. Fused, the blocks run their
+small float32 forwards as the native sandwich block (``parts.SandwichBlock``).
 """
 
 from __future__ import annotations

@@ -186,26 +186,13 @@ class GatedMLP(nn.Module):
         return project(self.down_proj, self.act(project(self.gate_proj, x)) * project(self.up_proj, x))
 
 
-class PreNormBlock(nn.Module):
-    """x + attn(norm(x)), then h + mlp(norm(h)): llama, mistral, qwen2, qwen3.
+class FusedForms:
+    """What a block with a fused form (``kernels/fused_block.FusedBlock``, in ``_fused``)
+    offers the decoder: fusing, whether it runs natively, several sequences at once, and the
+    weights a forward streams (moved by ``targets/weight_arena``)."""
 
-    Float blocks can be fused (``fuse``) to run through ``kernels/fused_block.FusedBlock``; the
-    module path below is its pure-MLX twin (``tests/test_forward.py``).
-    """
-
-    def __init__(self, attn: Attention, mlp: GatedMLP, hidden: int, eps: float):
-        super().__init__()
-        self.self_attn = attn
-        self.mlp = mlp
-        self.input_layernorm = nn.RMSNorm(hidden, eps=eps)
-        self.post_attention_layernorm = nn.RMSNorm(hidden, eps=eps)
-        self._fused: FusedBlock | None = None
-
-    def __call__(self, x, positions, mask, cache, layer):
-        if self._fused is not None and self._fused.current(self):
-            return self._fused(self, x, positions, mask, cache, layer)
-        h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    _fused = None
+    sandwich = False  # Gemma's norms around attention and the MLP (``SandwichBlock``)
 
     def fuse(self) -> bool:
         """Concatenate q/k/v and gate/up into one weight each (the modules keep views of it).
@@ -237,6 +224,28 @@ class PreNormBlock(nn.Module):
         self._fused = FusedBlock.build(self, placed=arrays)
 
 
+class PreNormBlock(FusedForms, nn.Module):
+    """x + attn(norm(x)), then h + mlp(norm(h)): llama, mistral, qwen2, qwen3.
+
+    Float blocks can be fused (``fuse``) to run through ``kernels/fused_block.FusedBlock``; the
+    module path below is its pure-MLX twin (``tests/test_forward.py``).
+    """
+
+    def __init__(self, attn: Attention, mlp: GatedMLP, hidden: int, eps: float):
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = nn.RMSNorm(hidden, eps=eps)
+        self.post_attention_layernorm = nn.RMSNorm(hidden, eps=eps)
+        self._fused: FusedBlock | None = None
+
+    def __call__(self, x, positions, mask, cache, layer):
+        if self._fused is not None and self._fused.current(self):
+            return self._fused(self, x, positions, mask, cache, layer)
+        h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 def silu_block(a, *, bias: bool = False, mlp_bias: bool = False, traditional: bool = False,
                qk_norm: bool = False, rope: Rope | None = None) -> PreNormBlock:
     """The pre-norm SiLU block of a ``DecoderArgs`` config (llama's, or qwen3's with q/k norms);
@@ -258,9 +267,17 @@ def add_clipped(x: mx.array, y: mx.array) -> mx.array:
     return mx.clip(x.astype(mx.float32) + y.astype(mx.float32), -bound, bound).astype(mx.float16)
 
 
-class SandwichBlock(nn.Module):
+class SandwichBlock(FusedForms, nn.Module):
     """Gemma 2/3: h = x + norm(attn(norm(x))), then h + norm(mlp(norm(h))) (four norms of class
-    ``norm``). The module path only (no fused form yet)."""
+    ``norm``).
+
+    Fused (``fuse``), a block whose norms are ``OffsetRMSNorm``s with one eps and whose MLP is
+    tanh-GELU, without attention soft-capping (Gemma 3's, not Gemma 2's), runs its small
+    float32 forwards as one native operation (``native/block.h``'s sandwich block); every other
+    forward (prefill chunks over ``SMALL_M_MAX`` rows, a GPU) takes the module path below,
+    which is its pure-MLX twin (``tests/test_native_block.py``)."""
+
+    sandwich = True
 
     def __init__(self, attn: Attention, mlp: GatedMLP, hidden: int, norm: Callable[[int], nn.Module]):
         super().__init__()
@@ -270,15 +287,19 @@ class SandwichBlock(nn.Module):
         self.post_attention_layernorm = norm(hidden)
         self.pre_feedforward_layernorm = norm(hidden)
         self.post_feedforward_layernorm = norm(hidden)
+        self._fused: FusedBlock | None = None
+
+    def norms(self) -> tuple[nn.Module, ...]:
+        """The four norms in the order a forward applies them."""
+        return (self.input_layernorm, self.post_attention_layernorm,
+                self.pre_feedforward_layernorm, self.post_feedforward_layernorm)
 
     def __call__(self, x, positions, mask, cache, layer):
+        if self._fused is not None and self._fused.current(self):
+            out = self._fused.native_call(x, mask, cache, layer)
+            if out is not None:
+                return out
         r = self.self_attn(self.input_layernorm(x), positions, mask, cache, layer)
         h = add_clipped(x, self.post_attention_layernorm(r))
         r = self.mlp(self.pre_feedforward_layernorm(h))
         return add_clipped(h, self.post_feedforward_layernorm(r))
-
-    def fuse(self) -> bool:
-        return False
-
-    def streamed(self) -> list[mx.array]:
-        return []

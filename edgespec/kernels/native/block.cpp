@@ -71,6 +71,7 @@ struct BlockJob {
   const float *x, *inv_freq, *n1, *n2, *bqkv, *bgu, *bd;
   Weights w[4];
   const float *nq, *nk;  // q/k norm weights (head_dim,), or null: none
+  const float *n3, *n4;  // the sandwich block's post-attention and post-MLP norms, or null
   const uint32_t* anc;
   const int32_t* qpos;
   std::vector<Segment> segs;  // in row order, covering [0, N)
@@ -136,6 +137,24 @@ void run_silu_chunk(void* ctx, int64_t chunk) {
   const int64_t n = j.I - c0 < kSiluCols ? j.I - c0 : kSiluCols;
   const float* gu = j.gu + row * 2 * j.I + c0;
   silu_libm(gu, gu + j.I, j.act + row * j.I + c0, n);
+}
+
+// act[c] = tanh-GELU(gu[c]) * gu[I + c] for c < n: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715
+// g^3))) times up, Gemma's activation (MLX's gelu_approx), with libm's tanh. Each element's
+// result depends on that element alone.
+void gelu_tanh_mul(const float* __restrict gu, int64_t I, int64_t n, float* __restrict act) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t c = 0; c < n; ++c) {
+    const float g = gu[c];
+    act[c] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * (g * g * g)))) * gu[I + c];
+  }
+}
+
+void run_gelu_chunk(void* ctx, int64_t chunk) {
+  const SiluJob& j = *static_cast<const SiluJob*>(ctx);
+  const int64_t row = chunk / j.per_row, c0 = chunk % j.per_row * kSiluCols;
+  const int64_t n = j.I - c0 < kSiluCols ? j.I - c0 : kSiluCols;
+  gelu_tanh_mul(j.gu + row * 2 * j.I + c0, j.I, n, j.act + row * j.I + c0);
 }
 
 void run_block(const BlockJob& j) {
@@ -232,8 +251,9 @@ void run_block(const BlockJob& j) {
       }
     }
   }
-  // o_proj and the residual
+  // o_proj (normalised in the sandwich block) and the residual
   product(j.w[O], j.q8, attn_rows, N, nq, hdn, H);
+  if (j.n3 != nullptr) rms_rows(hdn, H, j.n3, hdn, H, N, H, s.eps);
   const float* res = j.x + (K - H);  // the residual: x, or x's hidden half (dual)
   for (int64_t i = 0; i < N; ++i)
     for (int64_t c = 0; c < H; ++c) hdn[i * H + c] += res[i * K + c];
@@ -241,7 +261,14 @@ void run_block(const BlockJob& j) {
   rms_rows(hdn, H, j.n2, xn, H, N, H, s.eps);
   product(j.w[GU], j.q8, xn, N, H, g, 2 * I);
   add_bias(g, j.bgu, N, 2 * I);
-  if (j.q8) {
+  if (s.sandwich) {  // tanh-GELU, the same code with float or int8 x
+    SiluJob gelu{g, act, I, (I + kSiluCols - 1) / kSiluCols};
+    if (N * I <= kSiluInline) {
+      for (int64_t c = 0; c < N * gelu.per_row; ++c) run_gelu_chunk(&gelu, c);
+    } else {
+      Pool::get().run(run_gelu_chunk, &gelu, N * gelu.per_row);
+    }
+  } else if (j.q8) {
     SiluJob silu{g, act, I, (I + kSiluCols - 1) / kSiluCols};
     if (N * I <= kSiluInline) {
       for (int64_t c = 0; c < N * silu.per_row; ++c) run_silu_chunk(&silu, c);
@@ -253,6 +280,7 @@ void run_block(const BlockJob& j) {
   }
   product(j.w[DOWN], j.q8, act, N, I, j.out, H);
   add_bias(j.out, j.bd, N, H);
+  if (j.n4 != nullptr) rms_rows(j.out, H, j.n4, j.out, H, N, H, s.eps);
   for (int64_t i = 0; i < N * H; ++i) j.out[i] += hdn[i];
 }
 
@@ -358,7 +386,7 @@ void silu_libm(const float* gate, const float* up, float* act, int64_t n) {
 size_t weights_end_of(const BlockShape& s) {
   size_t end = WEIGHTS;
   for (const auto& q : s.quant) end += q[1] ? 3 : 1;
-  return end + (s.qk_norm ? 2 : 0);
+  return end + (s.qk_norm ? 2 : 0) + (s.sandwich ? 2 : 0);
 }
 
 BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs,
@@ -386,10 +414,17 @@ mx::Stream check_block(const In& in, const BlockShape& s, const std::vector<Segm
         "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, then each "
         "product's weights (1 float array, or 3 when quantized), the q/k norm weights where "
         "the block has them, then keys and values of each sequence after the first");
+  const size_t norms_end = weights_end - (s.sandwich ? 2 : 0);  // after the q/k norms
   if (s.qk_norm)
-    for (size_t i = weights_end - 2; i < weights_end; ++i)
+    for (size_t i = norms_end - 2; i < norms_end; ++i)
       check(in[i].dtype() == mx::float32 && in[i].size() == size_t(D),
             "the q/k norm weights must be float32 (head_dim,)");
+  check(!s.sandwich || !s.dual, "the EAGLE-3 layer is not a sandwich block");
+  if (s.sandwich)
+    for (size_t i = norms_end; i < weights_end; ++i)
+      check(in[i].dtype() == mx::float32 && in[i].size() == size_t(H),
+            "the sandwich block's post-attention and post-MLP norm weights must be float32 "
+            "(hidden,)");
   for (int i = 0; i < WEIGHTS; ++i)
     check(in[i].dtype() == (i == ANC ? mx::uint32 : i == QPOS ? mx::int32 : mx::float32),
           "arrays must be float32 (anc uint32, qpos int32)");
@@ -822,10 +857,10 @@ BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs
   // is a view); no KVCache makes one whose head_dim axis is strided, but a view could.
   std::vector<mx::array> inputs = given;
   std::vector<int> small{ANC, QPOS, INV_FREQ, N1, N2, BQKV, BGU, BD, KEYS, VALUES};
-  if (shape.qk_norm) {
-    small.push_back(static_cast<int>(weights_end) - 2);
-    small.push_back(static_cast<int>(weights_end) - 1);
-  }
+  const int norms = (shape.qk_norm ? 2 : 0) + (shape.sandwich ? 2 : 0);
+  for (int i = static_cast<int>(weights_end) - norms; i < static_cast<int>(weights_end); ++i)
+    small.push_back(i);
+  const size_t qk_end = weights_end - (shape.sandwich ? 2 : 0);
   if (x_given) small.push_back(X);
   for (size_t i = weights_end; i < inputs.size(); ++i) small.push_back(static_cast<int>(i));
   for (int i : small) {
@@ -839,8 +874,10 @@ BlockJob block_job(const BlockShape& shape, const std::vector<SegmentSpec>& segs
   auto ptr = [&](int i) { return inputs[i].size() ? inputs[i].data<float>() : nullptr; };
   BlockJob job{shape, int64_t(inputs[X].shape(-2)), shape.q8,
                x_given ? ptr(X) : nullptr, ptr(INV_FREQ), ptr(N1), ptr(N2), ptr(BQKV), ptr(BGU),
-               ptr(BD), {}, shape.qk_norm ? ptr(weights_end - 2) : nullptr,
-               shape.qk_norm ? ptr(weights_end - 1) : nullptr, inputs[ANC].data<uint32_t>(),
+               ptr(BD), {}, shape.qk_norm ? ptr(qk_end - 2) : nullptr,
+               shape.qk_norm ? ptr(qk_end - 1) : nullptr,
+               shape.sandwich ? ptr(weights_end - 2) : nullptr,
+               shape.sandwich ? ptr(weights_end - 1) : nullptr, inputs[ANC].data<uint32_t>(),
                inputs[QPOS].data<int32_t>(), {}, out, std::move(k_out), std::move(v_out)};
   int64_t row0 = 0;
   for (size_t g = 0; g < segs.size(); ++g) {

@@ -8,6 +8,9 @@
 //   decoder_block([x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, weights...],
 //                 shape, slots, key_start, window) -> (out, keys', values')
 //
+// shape.sandwich: Gemma 2/3's block (BlockShape), two norm weights (hidden,) more after the
+// q/k norm weights.
+//
 // weights: for q|k|v, o, gate|up and down in turn, the float32 rows (N, K), or, where
 // shape.quant says so, MLX's affine packing (uint32 (N, K bits / 32), float32 scales and
 // biases (N, K / group size)): the quantized kernel's products (quantized_matmul.h). Then,
@@ -55,6 +58,11 @@ struct BlockShape {
   // q and k normalised per head before RoPE (RMSNorm over head_dim with eps, weights nq and nk
   // after the products' weights: qwen3's attention); set from the inputs' count (qk_norm_given)
   bool qk_norm = false;
+  // Gemma's sandwich block: the attention's and the MLP's outputs each RMS-normalised (weights
+  // n3 and n4, after the q/k norm weights) before their residual add, n2 the norm before the
+  // MLP, and tanh-GELU(gate) * up in place of SiLU. Norm weights arrive as the factors the rows
+  // are scaled by (Gemma's 1 + w, made by the caller).
+  bool sandwich = false;
   bool operator==(const BlockShape&) const = default;
 };
 

@@ -1,0 +1,79 @@
+"""Gemma 3's blocks as the native sandwich block against the module path they ran before, in one
+process, taking turns.
+
+Usage: python scripts/sandwich_ab.py [MODEL] [DTYPE] [ROUNDS] [TOKENS] — default gemma3-270m,
+``auto`` (kept quantized), 3 rounds, 64 tokens a prompt over four completion prompts (the 270M
+file is a base model). Variants:
+
+- ``module``: every block's fused form set aside (``_fused = None``), as before the sandwich
+  block: the module path, float x;
+- ``native, float x``: the native blocks with int8 activations off
+  (``EDGESPEC_Q8_ACTIVATIONS=0``'s setting);
+- ``native``: as edgespec runs it (kept quantized: int8 x where the CPU has the code).
+
+Prints each variant's plain-decoding tok/s per round, the medians of the paired ratios against
+``module``, and how many outputs equal ``module``'s (int8 x rounds differently, so greedy output
+may differ; the float-x native block should give the module path's tokens).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
+
+from edgespec.engine import Engine
+from edgespec.kernels.backend import set_q8_activations
+from edgespec.targets import load
+
+PROMPTS = ["The history of the printing press begins", "def fibonacci(n):",
+           "Once upon a time, in a small village by the sea,", "The capital of France is"]
+
+
+def decode(target, tokens: int) -> tuple[float, list[list[int]]]:
+    done, outs, t0 = 0, [], time.perf_counter()
+    for prompt in PROMPTS:
+        ids = [t for step in Engine(target).stream(prompt, max_tokens=tokens)
+               for t in step.token_ids]
+        done += len(ids)
+        outs.append(ids)
+    return done / (time.perf_counter() - t0), outs
+
+
+def main(model: str = "gemma3-270m", dtype: str = "auto", rounds: str = "3",
+         tokens: str = "64") -> None:
+    target = load(model, dtype=dtype, progress=False)
+    blocks = target.model.model.layers
+    fused = [b._fused for b in blocks]
+    assert target.model.native_blocks(), "this model's blocks have no native form here"
+
+    def variant(name: str) -> None:
+        for b, f in zip(blocks, fused):
+            b._fused = None if name == "module" else f
+        set_q8_activations(False if name == "native, float x" else None)
+
+    names = ["module", "native, float x", "native"]
+    speeds: dict[str, list[float]] = {v: [] for v in names}
+    outs: dict[str, list] = {}
+    for r in range(int(rounds)):
+        for name in names:
+            variant(name)
+            speed, out = decode(target, int(tokens))
+            speeds[name].append(speed)
+            outs.setdefault(name, out)
+        print(f"round {r + 1}: " + ", ".join(f"{n} {speeds[n][-1]:.1f}" for n in names)
+              + " tok/s")
+    variant("native")
+    for name in names:
+        ratios = [a / b for a, b in zip(speeds[name], speeds["module"])]
+        same = sum(a == b for a, b in zip(outs[name], outs["module"]))
+        each = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"{name:16s} median {statistics.median(speeds[name]):6.1f} tok/s, "
+              f"x module {statistics.median(ratios):.2f} (rounds {each}), "
+              f"outputs equal to module's {same}/{len(PROMPTS)}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
