@@ -145,3 +145,60 @@ def test_a_target_of_another_width_runs_natively_and_speculates_exactly(
     for method in ("lookup", "lookahead"):
         engine = Engine(target, make_drafter(spec_for(method, {}), target, greedy), greedy)
         assert engine.generate(prompt, max_tokens=24).token_ids == plain.token_ids, method
+
+
+def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, tmp_path,
+                                                              monkeypatch):  # noqa: F811
+    """A GGUF Q4_K_M's layout: q and k 4-bit, v 8-bit (Q6_K, rounded). Kept quantized, q and k
+    are re-packed at 8 bits (``match_widths``: the same weights) so that the block joins
+    q|k|v and runs as the native block; its logits equal the module path's on the file's
+    widths (float x on both), and greedy lookup equals plain decoding."""
+    import json
+    import shutil
+    import sys
+
+    from edgespec import Engine
+    from edgespec.drafters.lookup import PromptLookupDrafter
+    from edgespec.targets import load_target
+
+    src, out = tiny_models.path(layers=2), tmp_path / "mixed"
+    out.mkdir()
+    weights, quant = {}, {"group_size": 32, "bits": 4}
+    for k, v in mx.load(str(src / "model.safetensors")).items():
+        if k.endswith(".weight") and v.ndim == 2 and v.shape[1] % 32 == 0:
+            base = k[: -len(".weight")]
+            bits = 8 if base.endswith("v_proj") else 4
+            if bits == 8:
+                quant[base] = {"group_size": 32, "bits": 8}
+            wq, s, b = mx.quantize(v, group_size=32, bits=bits)
+            weights.update({k: wq, f"{base}.scales": s, f"{base}.biases": b})
+        else:
+            weights[k] = v
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    config = {**json.loads((src / "config.json").read_text()), "quantization": quant}
+    (out / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, out / f.name)
+
+    target = load_target(out, dtype="auto")
+    assert target.model.native_blocks() and target.model.widened == {(4, 8): 4}  # q, k of 2
+    attn = target.model.model.layers[0].self_attn
+    assert {attn.q_proj.bits, attn.k_proj.bits, attn.v_proj.bits} == {8}
+    loading = sys.modules["edgespec.targets.load"]
+    monkeypatch.setattr(loading, "match_widths", lambda mods: 0)
+    own = load_target(out, dtype="auto")  # the file's widths: no fused form, the module path
+    assert not own.model.native_blocks() and own.model.model.layers[0].self_attn.q_proj.bits == 4
+    monkeypatch.undo()
+    ids = list(range(5, 21))
+    backend.set_q8_activations(False)
+    try:
+        got = np.array(target.score(ids, target.make_cache()).logits)
+        ref = np.array(own.score(ids, own.make_cache()).logits)
+    finally:
+        backend.set_q8_activations(None)
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
+    prompt = "the cat sat on the mat and the cat sat on the"
+    plain = Engine(target).generate(prompt, max_tokens=24)
+    lookup = Engine(target, PromptLookupDrafter()).generate(prompt, max_tokens=24)
+    assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0

@@ -144,6 +144,26 @@ def widen_for_native(model: nn.Module) -> dict[tuple[int, int], int]:
     return done
 
 
+def match_widths(mods: list[nn.Module]) -> int:
+    """Re-pack the narrower of affine ``nn.QuantizedLinear`` layers that one product joins
+    (a block's q/k/v, its gate/up) at the widest one's bits, their scales and biases unchanged:
+    the same weights exactly, so that the block's fused form, which joins them only where they
+    are alike (``fused_block.quant_key``), exists. A GGUF Q4_K_M file keeps q and k at 4 bits
+    and v at 6 (8 once rounded) in half its layers. Only native widths (4, 8) and one group
+    size; returns how many layers were re-packed (4 to 8 bits)."""
+    if not all(type(m) is nn.QuantizedLinear and m.mode == "affine" for m in mods):
+        return 0
+    bits = {m.bits for m in mods}
+    if len(bits) < 2 or not bits <= set(NATIVE_BITS) or len({m.group_size for m in mods}) != 1:
+        return 0
+    to, done = max(bits), 0
+    for m in mods:
+        if m.bits != to:
+            m.weight = widen_packed(m["weight"], m.bits, to)
+            m.bits, done = to, done + 1
+    return done
+
+
 def embedding_rows(module: nn.Module, ids: mx.array) -> mx.array:
     """``module(ids)``: the embedding of token ids. An ``nn.QuantizedEmbedding`` in the affine
     layout with float32 scales and biases takes the native ``quantized_rows`` where the native

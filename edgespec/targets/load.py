@@ -7,7 +7,9 @@ quantized on the CPU backend, everything but the packed weights is float32 (scal
 norms, so the activations too), the layout the native quantized kernel takes, and where it
 runs, weights of a width it lacks (5 bits: GGUF's Q5_0, Q5_1 and Q5_K; 1-3 and 6 bits) are
 re-packed at the next width it takes, the same weights at more bytes
-(``qmatmul.widen_for_native``).
+(``qmatmul.widen_for_native``), and where a fused block's q/k/v or gate/up products differ in
+width the narrower are re-packed at the wider, so that the block joins them and runs natively
+(``qmatmul.match_widths``; a GGUF Q4_K_M's v is Q6_K in half its layers).
 
 A GGUF's Q6_K matrices (one scale per 16 weights, a group size MLX does not have) arrive as the
 converter's exact float32 decoding, listed in config.json's ``gguf_decoded_dense``. A load that
@@ -30,13 +32,14 @@ import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..kernels.backend import native_enabled
-from ..kernels.qmatmul import widen_for_native
+from ..kernels.qmatmul import match_widths, widen_for_native
 from ..loading.gguf.tensors import DENSE_DECODED_KEY
 from ..loading.tokenizer import Tokenizer
 from .config_check import check_shapes, check_values
 from .decoder import Decoder
 from .families import family_of
 from .mtp import split_mtp
+from .parts import FusedForms
 from .target import Target
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -92,11 +95,22 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     if rounded:
         object.__setattr__(model, "rounded", rounded)
     if keep_quantized and native_enabled():  # the CPU's native products: 4 and 8 bits
-        object.__setattr__(model, "widened", widen_for_native(model))
+        widened = widen_for_native(model)
+        joined = sum(match_widths(mods) for block in model.model.layers
+                     if isinstance(block, FusedForms) for mods in _joined_products(block))
+        if joined:
+            widened[(4, 8)] = widened.get((4, 8), 0) + joined
+        object.__setattr__(model, "widened", widened)
     model.fuse()
     tokenizer = Tokenizer.from_dir(path)
     return Target(model, tokenizer, path, dtype if dtype != "auto" else "native", keep_quantized,
                   mtp)
+
+
+def _joined_products(block) -> list[list[nn.Module]]:
+    """The layers a fused block joins into one product each: q/k/v, gate/up."""
+    a, m = block.self_attn, block.mlp
+    return [[a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]]
 
 
 Q6K_ENV = "EDGESPEC_Q6K"
