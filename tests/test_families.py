@@ -1,8 +1,8 @@
 """Every model family against mlx-lm, the oracle for model math, on tiny random weights
 (float32, logits within 1e-4, or 1e-5 of the largest logit where that is over 10: Gemma's
-scaled embedding makes logits of ~40, where float32's own rounding is 4e-6): a prefill, a decode chain after a prefix (mlx-lm with its own
-cache, one token at a time; edgespec scores the chain in one pass), and a tree whose branches are
-each checked as a separate chain. Then greedy speculation per family (lookup and the self-draft
+scaled embedding makes logits of ~40, where float32's own rounding is 4e-6): a prefill, a
+decode chain after a prefix (mlx-lm with its own cache, one token at a time; edgespec scores
+the chain in one pass), and a tree whose branches are each checked as a separate chain. Then greedy speculation per family (lookup and the self-draft
 oracle reproduce plain decoding), a sliding/global model through rollback (compared with plain
 decoding: mlx-lm's rotating cache gets rollback wrong, ml-explore/mlx-lm#1914), and the error
 for model types no family runs.
