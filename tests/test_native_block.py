@@ -317,19 +317,21 @@ def test_dual_block_names_its_shapes(mod):
 
 
 @pytest.mark.parametrize("bits", [None, 4, 8])
-@pytest.mark.parametrize("context", [20, 340])  # 340: the sliding layers' caches compact
-def test_gemma3s_sandwich_block_matches_its_module_path(mod, tmp_path, bits, context,
-                                                        monkeypatch):
+@pytest.mark.parametrize("config,context", [("gemma3-untied-scaled", 20),
+                                            ("gemma3-untied-scaled", 340), ("gemma2", 20)])
+def test_gemmas_sandwich_block_matches_its_module_path(mod, tmp_path, bits, config, context,
+                                                       monkeypatch):
     """Gemma 3's block (norms after attention and the MLP, (1 + w) norms, tanh-GELU, sliding
-    windows with their own RoPE base) as the native sandwich block against its module path,
-    float32 and kept 4- and 8-bit (float x on both sides: with int8 x the twin's last-bit
-    differences cross rounding boundaries, as for qwen3's q/k norms above)."""
+    windows with their own RoPE base; at 340 tokens the sliding layers' caches compact) and
+    Gemma 2's (attention scores soft-capped) as the native sandwich block against their module
+    path, float32 and kept 4- and 8-bit (float x on both sides: with int8 x the twin's
+    last-bit differences cross rounding boundaries, as for qwen3's q/k norms above)."""
     from edgespec.kernels import backend
 
     from .oracle import CONFIGS, make_oracle_model, quantize_oracle_model
 
     monkeypatch.setattr(Decoder, "_stack_for", lambda *a: None)  # one call per layer
-    path = make_oracle_model(tmp_path / "g", CONFIGS["gemma3-untied-scaled"], 0)
+    path = make_oracle_model(tmp_path / "g", CONFIGS[config], 0)
     if bits:
         quantize_oracle_model(path, bits)
     target = load_target(path, dtype="auto" if bits else "float32")
@@ -339,7 +341,8 @@ def test_gemma3s_sandwich_block_matches_its_module_path(mod, tmp_path, bits, con
     calls = []
     real = mod.decoder_block
     monkeypatch.setattr(mod, "decoder_block", lambda arrays, *a, **kw: calls.append(
-        kw["sandwich"]) or real(arrays, *a, **kw))
+        kw["sandwich"] and kw["softcap"] == (2.0 if config == "gemma2" else 0.0))
+        or real(arrays, *a, **kw))
     backend.set_q8_activations(False)
     try:
         got, got_kv, n1 = _run(target, True, context)

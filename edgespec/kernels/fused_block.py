@@ -67,6 +67,7 @@ class FusedBlock:
         ``placed``); None: made here where the native form takes them (``_half_copies``)."""
         a, r = block.self_attn, block.self_attn.rope
         self.sandwich = block.sandwich  # Gemma's block: its native form only (``build``)
+        self.softcap = float(a.softcap or 0.0)  # Gemma 2's attention scores, capped
         self.w = weights
         wqkv = weights["wqkv"]  # float32 weights, or a quantized weight's float32 scales
         self.float32 = (wqkv[1] if isinstance(wqkv, tuple) else wqkv).dtype == mx.float32
@@ -134,8 +135,9 @@ class FusedBlock:
         if not block.sandwich and (m.act is not silu
                                    or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm)):
             return None  # another activation or q/k norm than the fused functions compute
-        if a.softcap is not None or "sinks" in a or "bias" in a.o_proj:
-            return None  # the fused path attends without logit capping, sinks or an o_proj bias
+        if (a.softcap is not None and not block.sandwich) or "sinks" in a or "bias" in a.o_proj:
+            return None  # the fused path attends without logit capping (but the native sandwich
+            # block's), sinks or an o_proj bias
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
         if block.sandwich and m.act is not nn.gelu_approx:
@@ -185,8 +187,10 @@ class FusedBlock:
 
     @property
     def stack_shape(self) -> tuple:
-        """``native_shape`` as ``native.DecoderStack`` takes it (the sandwich flag last)."""
-        return (*self.native_shape, True) if self.sandwich else self.native_shape
+        """``native_shape`` as ``native.DecoderStack`` takes it (a sandwich block's flag and
+        attention soft-cap last)."""
+        return ((*self.native_shape, True, self.softcap) if self.sandwich
+                else self.native_shape)
 
     def native_call(self, x, mask, cache: KVCache, layer: int) -> mx.array | None:
         """The block as one native operation where this forward runs it (``__call__``'s
@@ -239,14 +243,14 @@ class FusedBlock:
         callers check ``native_ready`` first."""
         q8 = bool(self.native_shape[-1]) and masks.masks[0].native_block[1]
         return run_native_block_many(self.native_args, self.native_shape, x, masks, caches,
-                                     layer, q8, sandwich=self.sandwich)
+                                     layer, q8, sandwich=self.sandwich, softcap=self.softcap)
 
     def _native(self, x: mx.array, mask: TreeMask, cache: KVCache, layer: int) -> mx.array:
         """The block as one native operation (``native/block.h``); it writes this forward's
         keys/values into the cache buffers itself. The module path is its pure-MLX twin."""
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
         return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8,
-                                sandwich=self.sandwich)
+                                sandwich=self.sandwich, softcap=self.softcap)
 
 
 def mask_runs_native(rows: int, mask) -> bool:
@@ -272,7 +276,8 @@ class ManyMasks:
 
 def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMasks,
                           caches: list[KVCache], layer: int, q8: bool,
-                          dual: bool = False, sandwich: bool = False) -> mx.array:
+                          dual: bool = False, sandwich: bool = False,
+                          softcap: float = 0.0) -> mx.array:
     """``run_native_block`` over several sequences' rows in one operation: ``x`` (1, N, H)
     holds each sequence's rows in turn (``masks.nodes[g]`` of them), which attend to
     ``caches[g]`` under ``masks.masks[g]``; each cache gets its own rows' keys/values. A row's
@@ -286,7 +291,7 @@ def run_native_block_many(args: list, shape: tuple, x: mx.array, masks: ManyMask
         arrays += [keys, values, masks.anc, masks.qpos, *args] if g == 0 else [keys, values]
     outs = native.load().decoder_block_many(arrays, *shape, q8, masks.nodes, slots,
                                             masks.key_starts, masks.windows, dual=dual,
-                                            sandwich=sandwich)
+                                            sandwich=sandwich, softcap=softcap)
     for g, cache in enumerate(caches):
         cache.set_buffers(layer, outs[1 + 2 * g], outs[2 + 2 * g])
     return outs[0]
@@ -309,17 +314,18 @@ def native_takes(quant: tuple | None) -> bool:
 
 def run_native_block(args: list, shape: tuple, x: mx.array, mask: TreeMask, cache: KVCache,
                      layer: int, q8: bool, dual: bool = False,
-                     sandwich: bool = False) -> mx.array:
+                     sandwich: bool = False, softcap: float = 0.0) -> mx.array:
     """One forward through the native decoder block (``native/block.h``) with the block's
     ``args`` (inverse frequencies, norms, biases, weights) and ``shape``: the new rows'
     keys/values go into ``cache``'s buffers of ``layer``. ``dual``: the EAGLE-3 head's layer
-    (``heads/eagle3.NativeLayer``); ``sandwich``: Gemma's block (``native/block.h``)."""
+    (``heads/eagle3.NativeLayer``); ``sandwich``: Gemma's block, ``softcap`` its attention
+    scores capped (Gemma 2's; ``native/block.h``)."""
     kv, d = shape[2:4]
     keys, values, slots = cache.write_buffers(layer, x.shape[-2], kv, d)
     anc, qpos = mask.device_arrays
     out, keys, values = native.load().decoder_block(
         [x, keys, values, anc, qpos, *args], *shape, q8, slots, mask.key_start, mask.window or 0,
-        dual=dual, sandwich=sandwich)
+        dual=dual, sandwich=sandwich, softcap=softcap)
     cache.set_buffers(layer, keys, values)
     return out
 

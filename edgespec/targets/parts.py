@@ -271,9 +271,9 @@ class SandwichBlock(FusedForms, nn.Module):
     """Gemma 2/3: h = x + norm(attn(norm(x))), then h + norm(mlp(norm(h))) (four norms of class
     ``norm``).
 
-    Fused (``fuse``), a block whose norms are ``OffsetRMSNorm``s with one eps and whose MLP is
-    tanh-GELU, without attention soft-capping (Gemma 3's, not Gemma 2's), runs its small
-    float32 forwards as one native operation (``native/block.h``'s sandwich block); every other
+    Fused (``fuse``), a block whose norms share one eps and whose MLP is tanh-GELU (Gemma 2's
+    and 3's) runs its small float32 forwards as one native operation (``native/block.h``'s
+    sandwich block, with Gemma 2's attention soft-capping); every other
     forward (prefill chunks over ``SMALL_M_MAX`` rows, a GPU) takes the module path below,
     which is its pure-MLX twin (``tests/test_native_block.py``)."""
 

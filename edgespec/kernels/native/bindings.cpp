@@ -76,10 +76,12 @@ NB_MODULE(_edgespec_native, m) {
                     int kv_heads, int head_dim, int intermediate, int rope_dims, bool traditional,
                     float mscale, float rope_scale, float eps, float attn_scale,
                     const std::vector<std::vector<int>>& quant, bool q8, int64_t slots,
-                    int64_t key_start, int64_t window, bool dual, bool sandwich) {
+                    int64_t key_start, int64_t window, bool dual, bool sandwich,
+                    float softcap) {
         auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
                              traditional, mscale, rope_scale, eps, attn_scale, quant, q8, dual);
         s.sandwich = sandwich;
+        s.softcap = softcap;
         s.qk_norm = edgespec_native::qk_norm_given(s, arrays.size(), 1);
         if (arrays.empty()) throw std::invalid_argument("decoder_block: needs x first");
         const int64_t rows = arrays[0].ndim() ? arrays[0].shape(-2) : 0;
@@ -88,10 +90,11 @@ NB_MODULE(_edgespec_native, m) {
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
       "quant"_a, "q8"_a, "slots"_a, "key_start"_a, "window"_a, "dual"_a = false,
-      "sandwich"_a = false,
+      "sandwich"_a = false, "softcap"_a = 0.0f,
       "A pre-norm decoder block over N <= 64 tokens as one operation (block.h): returns (out, "
       "keys, values); dual: the EAGLE-3 head's layer (x = embedding | hidden state); "
-      "sandwich: Gemma's block (two norm weights more, after the q/k norms).");
+      "sandwich: Gemma's block (two norm weights more, after the q/k norms); softcap: "
+      "attention scores capped (Gemma 2; 0: none).");
   m.def(
       "decoder_block_many",
       [block_shape](const std::vector<edgespec_native::mx::array>& arrays, int hidden, int heads,
@@ -100,10 +103,11 @@ NB_MODULE(_edgespec_native, m) {
                     const std::vector<std::vector<int>>& quant, bool q8,
                     const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
                     const std::vector<int64_t>& key_starts, const std::vector<int64_t>& windows,
-                    bool dual, bool sandwich) {
+                    bool dual, bool sandwich, float softcap) {
         auto s = block_shape(hidden, heads, kv_heads, head_dim, intermediate, rope_dims,
                              traditional, mscale, rope_scale, eps, attn_scale, quant, q8, dual);
         s.sandwich = sandwich;
+        s.softcap = softcap;
         if (slots.size() != rows.size() || key_starts.size() != rows.size() ||
             windows.size() != rows.size())
           throw std::invalid_argument(
@@ -118,7 +122,7 @@ NB_MODULE(_edgespec_native, m) {
       "arrays"_a, "hidden"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "intermediate"_a,
       "rope_dims"_a, "traditional"_a, "mscale"_a, "rope_scale"_a, "eps"_a, "attn_scale"_a,
       "quant"_a, "q8"_a, "rows"_a, "slots"_a, "key_starts"_a, "windows"_a, "dual"_a = false,
-      "sandwich"_a = false,
+      "sandwich"_a = false, "softcap"_a = 0.0f,
       "decoder_block over several sequences' rows in one operation (block.h): each sequence's "
       "rows attend to its own cache (arrays: decoder_block's, then keys and values of each "
       "sequence after the first); returns (out, keys_1, values_1, keys_2, values_2, ...); "
@@ -134,18 +138,21 @@ NB_MODULE(_edgespec_native, m) {
                         const std::vector<nb::tuple>& shapes) {
             std::vector<edgespec_native::BlockShape> s;
             for (const auto& t : shapes) {
-              if (t.size() != 12 && t.size() != 13)
+              if (t.size() != 12 && t.size() != 14)
                 throw std::invalid_argument(
                     "DecoderStack: a shape is (hidden, heads, kv_heads, head_dim, intermediate, "
                     "rope_dims, traditional, mscale, rope_scale, eps, attn_scale, quant[, "
-                    "sandwich])");
+                    "sandwich, softcap])");
               s.push_back(block_shape(
                   nb::cast<int>(t[0]), nb::cast<int>(t[1]), nb::cast<int>(t[2]),
                   nb::cast<int>(t[3]), nb::cast<int>(t[4]), nb::cast<int>(t[5]),
                   nb::cast<bool>(t[6]), nb::cast<float>(t[7]), nb::cast<float>(t[8]),
                   nb::cast<float>(t[9]), nb::cast<float>(t[10]),
                   nb::cast<std::vector<std::vector<int>>>(t[11]), false, false));
-              s.back().sandwich = t.size() == 13 && nb::cast<bool>(t[12]);
+              if (t.size() == 14) {
+                s.back().sandwich = nb::cast<bool>(t[12]);
+                s.back().softcap = nb::cast<float>(t[13]);
+              }
             }
             new (self) edgespec_native::DecoderStack(std::move(layer_args), std::move(s));
           },

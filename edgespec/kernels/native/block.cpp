@@ -218,7 +218,7 @@ void run_block(const BlockJob& j) {
     const int64_t n = g.n, at = g.row0;
     calls.push_back({q + at * D, g.keys, g.values, attn + at * nq, j.anc + 2 * at, j.qpos + at,
                      n, g.slots + n, g.slots, s.heads, s.kv_heads, D, g.key_start, g.window,
-                     s.attn_scale, 0.0f, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
+                     s.attn_scale, s.softcap, N * D, D, g.k_h, g.k_t, g.v_h, g.v_t,
                      k_rows + at * k_rt, v_rows + at * v_rt, k_rh, k_rt, v_rh, v_rt});
   }
   run_tree_attention_many(calls, true);
@@ -420,6 +420,7 @@ mx::Stream check_block(const In& in, const BlockShape& s, const std::vector<Segm
       check(in[i].dtype() == mx::float32 && in[i].size() == size_t(D),
             "the q/k norm weights must be float32 (head_dim,)");
   check(!s.sandwich || !s.dual, "the EAGLE-3 layer is not a sandwich block");
+  check(s.softcap >= 0.0f, "softcap must be 0 (none) or positive");
   if (s.sandwich)
     for (size_t i = norms_end; i < weights_end; ++i)
       check(in[i].dtype() == mx::float32 && in[i].size() == size_t(H),

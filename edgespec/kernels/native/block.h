@@ -63,6 +63,8 @@ struct BlockShape {
   // MLP, and tanh-GELU(gate) * up in place of SiLU. Norm weights arrive as the factors the rows
   // are scaled by (Gemma's 1 + w, made by the caller).
   bool sandwich = false;
+  // attention scores capped to softcap * tanh(s / softcap) before the mask (Gemma 2); 0: none
+  float softcap = 0.0f;
   bool operator==(const BlockShape&) const = default;
 };
 
