@@ -208,8 +208,9 @@ def test_q6_k_layers_kept_quantized_are_rounded_to_8_bits(tmp_path, monkeypatch)
         assert type(layer) is nn.Linear and layer.weight.dtype == mx.float32
         assert (layer.weight == exact[name].weight).all()
     monkeypatch.setenv("EDGESPEC_Q6K", "6")
-    with pytest.raises(ModelLoadError, match="EDGESPEC_Q6K='6' is not one of 8, float"):
-        load_target(out, dtype="auto")
+    for dtype in ("auto", "float32"):  # named whatever the dtype
+        with pytest.raises(ModelLoadError, match="EDGESPEC_Q6K='6' is not one of 8, float"):
+            load_target(out, dtype=dtype)
 
 
 def test_a_file_of_q6_k_alone_is_kept_quantized(tmp_path):

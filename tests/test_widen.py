@@ -147,21 +147,11 @@ def test_a_target_of_another_width_runs_natively_and_speculates_exactly(
         assert engine.generate(prompt, max_tokens=24).token_ids == plain.token_ids, method
 
 
-def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, tmp_path,
-                                                              monkeypatch):  # noqa: F811
-    """A GGUF Q4_K_M's layout: q and k 4-bit, v 8-bit (Q6_K, rounded). Kept quantized, q and k
-    are re-packed at 8 bits (``match_widths``: the same weights) so that the block joins
-    q|k|v and runs as the native block; its logits equal the module path's on the file's
-    widths (float x on both), and greedy lookup equals plain decoding."""
+def _v_wider(src, out):
+    """``src`` (a tiny float model) quantized as a GGUF Q4_K_M's layers load: 4 bits, v 8."""
     import json
     import shutil
-    import sys
 
-    from edgespec import Engine
-    from edgespec.drafters.lookup import PromptLookupDrafter
-    from edgespec.targets import load_target
-
-    src, out = tiny_models.path(layers=2), tmp_path / "mixed"
     out.mkdir()
     weights, quant = {}, {"group_size": 32, "bits": 4}
     for k, v in mx.load(str(src / "model.safetensors")).items():
@@ -180,7 +170,22 @@ def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, t
     for f in src.iterdir():
         if f.name.startswith("tokenizer"):
             shutil.copy(f, out / f.name)
+    return out
 
+
+def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, tmp_path,
+                                                              monkeypatch):  # noqa: F811
+    """A GGUF Q4_K_M's layout: q and k 4-bit, v 8-bit (Q6_K, rounded). Kept quantized, q and k
+    are re-packed at 8 bits (``match_widths``: the same weights) so that the block joins
+    q|k|v and runs as the native block; its logits equal the module path's on the file's
+    widths (float x on both), and greedy lookup equals plain decoding."""
+    import sys
+
+    from edgespec import Engine
+    from edgespec.drafters.lookup import PromptLookupDrafter
+    from edgespec.targets import load_target
+
+    out = _v_wider(tiny_models.path(layers=2), tmp_path / "mixed")
     target = load_target(out, dtype="auto")
     assert target.model.native_blocks() and target.model.widened == {(4, 8): 4}  # q, k of 2
     attn = target.model.model.layers[0].self_attn
@@ -202,3 +207,15 @@ def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, t
     plain = Engine(target).generate(prompt, max_tokens=24)
     lookup = Engine(target, PromptLookupDrafter()).generate(prompt, max_tokens=24)
     assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0
+
+
+def test_nothing_is_re_packed_for_a_block_that_would_not_fuse(mod, tiny_models,
+                                                               tmp_path):  # noqa: F811
+    """Biased q/k/v (qwen2's) of mixed widths: the block has no fused form whatever their
+    widths (``fused_block.quant_key`` takes bias-free layers only), so q and k keep 4 bits."""
+    from edgespec.targets import load_target
+
+    out = _v_wider(tiny_models.path(layers=2, bias=True), tmp_path / "mixed")
+    target = load_target(out, dtype="auto")
+    assert target.model.widened == {} and not target.model.native_blocks()
+    assert target.model.model.layers[0].self_attn.q_proj.bits == 4

@@ -142,7 +142,7 @@ def prefill_chunk(native_blocks: bool) -> int:
     the native block is in use (the CPU), ``SMALL_M_MAX``: each chunk then goes through it (the
     chunk's products on the native kernels, its attention on the tree attention) instead of
     MLX's ops and BLAS (docs/measurements.md, "The prefill in chunks of 32 tokens"). Otherwise
-    512 (models whose blocks have no native form, e.g. Gemma's, were not measured with smaller
+    512 (models whose blocks have no native form, e.g. MoE ones, were not measured with smaller
     chunks)."""
     return SMALL_M_MAX if native_blocks and on_cpu() and use_native_block() else 512
 

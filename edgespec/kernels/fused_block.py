@@ -132,16 +132,10 @@ class FusedBlock:
         quantized = quant is not None
         if not quantized and any(type(lin) is not nn.Linear for lin in layers):
             return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
-        if not block.sandwich and (m.act is not silu
-                                   or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm)):
-            return None  # another activation or q/k norm than the fused functions compute
-        if (a.softcap is not None and not block.sandwich) or "sinks" in a or "bias" in a.o_proj:
-            return None  # the fused path attends without logit capping (but the native sandwich
-            # block's), sinks or an o_proj bias
+        if refuses(block) or (block.sandwich and not native_takes(quant)):
+            return None  # a sandwich block has no form but the native one
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
             return None
-        if block.sandwich and m.act is not nn.gelu_approx:
-            return None  # the native block's activation is tanh-GELU
         names = _PACKED if quantized else ("weight",)
         if placed is None:
             streamed = {"wqkv": joined_weights(qkv, quantized),
@@ -151,8 +145,8 @@ class FusedBlock:
             halves = None
         else:
             streamed, halves = _take_placed(placed, names, quantized, a.o_proj, m.down_proj)
-        if block.sandwich:  # the factors Gemma's norms scale by: 1 + w, as OffsetRMSNorm's
-            n1, n3, n2, n4 = (1.0 + n.weight for n in block.norms())
+        if block.sandwich:  # the factors Gemma's norms scale by (``norm_factors``)
+            n1, n3, n2, n4, *qk = block.norm_factors()
             w = {"n1": n1, "n2": n2, "n3": n3, "n4": n4, **streamed}
         else:
             w = {"n1": block.input_layernorm.weight, "n2": block.post_attention_layernorm.weight,
@@ -164,8 +158,7 @@ class FusedBlock:
         if "bias" in m.down_proj:
             w["bd"] = m.down_proj.bias
         if a.q_norm is not None:
-            w["nq"], w["nk"] = ((1.0 + a.q_norm.weight, 1.0 + a.k_norm.weight) if block.sandwich
-                                else (a.q_norm.weight, a.k_norm.weight))
+            w["nq"], w["nk"] = qk if block.sandwich else (a.q_norm.weight, a.k_norm.weight)
         mx.eval(w)
         views = []
         for fused, mods in ((w["wqkv"], qkv), (w["wgu"], gu)):
@@ -251,6 +244,23 @@ class FusedBlock:
         q8 = bool(self.native_shape[-1]) and mask.native_block[1]
         return run_native_block(self.native_args, self.native_shape, x, mask, cache, layer, q8,
                                 sandwich=self.sandwich, softcap=self.softcap)
+
+
+def refuses(block) -> bool:
+    """Whether ``block`` has no fused form whatever its products' widths: a pre-norm block
+    whose activation or q/k norm the fused functions do not compute, or whose attention caps
+    its scores, has sinks or an o_proj bias; a sandwich block (which runs only natively) whose
+    norms are not ``1 + w`` ones (``norm_factors`` None), whose norms differ in eps (the native
+    block takes one) or whose activation is not tanh-GELU."""
+    a, m = block.self_attn, block.mlp
+    if "sinks" in a or "bias" in a.o_proj:
+        return True
+    if not block.sandwich:
+        return (m.act is not silu or a.softcap is not None
+                or not (a.q_norm is None or type(a.q_norm) is nn.RMSNorm))
+    norms = [*block.norms(), *((a.q_norm, a.k_norm) if a.q_norm is not None else ())]
+    return (m.act is not nn.gelu_approx or block.norm_factors() is None
+            or len({n.eps for n in norms}) != 1)
 
 
 def mask_runs_native(rows: int, mask) -> bool:

@@ -14,7 +14,7 @@ width the narrower are re-packed at the wider, so that the block joins them and 
 A GGUF's Q6_K matrices (one scale per 16 weights, a group size MLX does not have) arrive as the
 converter's exact float32 decoding, listed in config.json's ``gguf_decoded_dense``. A load that
 keeps the model quantized (``auto``) rounds them to MLX's 8-bit affine groups of 32 (the largest
-error a weight gets is half that group's 8-bit step: an eighth of the coarser Q6_K step of the
+error a weight gets is half that group's 8-bit step: 64/510 of the coarser Q6_K step of the
 group's two runs of 16, or less) rather than stream 4 bytes a weight, 4.9 times the file's; the
 model is then that rounding of the file, decoded the same way by plain and speculative decoding.
 ``EDGESPEC_Q6K=float`` keeps them float32, the file's values exactly; ``--dtype float32`` decodes
@@ -32,6 +32,7 @@ import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..kernels.backend import native_enabled
+from ..kernels.fused_block import refuses
 from ..kernels.qmatmul import match_widths, widen_for_native
 from ..loading.gguf.tensors import DENSE_DECODED_KEY
 from ..loading.tokenizer import Tokenizer
@@ -68,7 +69,8 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
     if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"dtype {dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
     rounded: dict[str, list[str]] = {}
-    if dtype == "auto":
+    round_q6k = _q6k_rounds()  # checked whatever the dtype: a bad value is named
+    if dtype == "auto" and round_q6k:
         quant, rounded = _round_decoded(weights, config.get(DENSE_DECODED_KEY) or {}, quant)
     model = family.model(args)
     weights = model.sanitize(weights)
@@ -108,8 +110,15 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
 
 
 def _joined_products(block) -> list[list[nn.Module]]:
-    """The layers a fused block joins into one product each: q/k/v, gate/up."""
+    """The layers a fused block joins into one product each (q/k/v, gate/up), where alike
+    widths would give it its fused form: its seven products bias-free affine quantized layers
+    and nothing else refusing it (``fused_block.refuses``); none otherwise, so that nothing is
+    re-packed for a block that would keep the module path anyway."""
     a, m = block.self_attn, block.mlp
+    layers = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    if any(type(lin) is not nn.QuantizedLinear or lin.mode != "affine" or "bias" in lin
+           or "biases" not in lin for lin in layers) or refuses(block):
+        return []
     return [[a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]]
 
 
@@ -117,18 +126,22 @@ Q6K_ENV = "EDGESPEC_Q6K"
 ROUNDED_BITS, ROUNDED_GROUP = 8, 32
 
 
-def _round_decoded(weights: dict, decoded: dict, quant: dict | None):
-    """Round the converter's float32 decodings of GGUF types MLX cannot hold (``decoded``:
-    module -> type name, config.json's ``gguf_decoded_dense``) to 8-bit affine groups of 32 in
-    ``weights``, in place, unless ``EDGESPEC_Q6K=float``. Returns the quantization config with
-    those modules added (made if the file had no other quantized layer) and {type: modules}."""
+def _q6k_rounds() -> bool:
+    """``EDGESPEC_Q6K``: "8" or unset rounds a kept-quantized model's Q6_K matrices to 8 bits,
+    "float" keeps them float32; any other value is a ModelLoadError naming it."""
     value = os.environ.get(Q6K_ENV, "8") or "8"
     if value not in ("8", "float"):
         raise ModelLoadError(f"{Q6K_ENV}={value!r} is not one of 8, float")
+    return value == "8"
+
+
+def _round_decoded(weights: dict, decoded: dict, quant: dict | None):
+    """Round the converter's float32 decodings of GGUF types MLX cannot hold (``decoded``:
+    module -> type name, config.json's ``gguf_decoded_dense``) to 8-bit affine groups of 32 in
+    ``weights``, in place. Returns the quantization config with those modules added (made if
+    the file had no other quantized layer and one was rounded) and {type: modules}."""
     rounded: dict[str, list[str]] = {}
-    if value == "float" or not decoded:
-        return quant, rounded
-    quant = dict(quant) if quant else {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}
+    overrides = {}
     for module, kind in decoded.items():
         w = weights.get(f"{module}.weight")
         if w is None or w.ndim != 2 or w.shape[-1] % ROUNDED_GROUP:
@@ -136,8 +149,10 @@ def _round_decoded(weights: dict, decoded: dict, quant: dict | None):
         packed, scales, biases = round_to_8_bits(w)
         weights[f"{module}.weight"] = packed
         weights[f"{module}.scales"], weights[f"{module}.biases"] = scales, biases
-        quant[module] = {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}
+        overrides[module] = {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}
         rounded.setdefault(kind, []).append(module)
+    if overrides:
+        quant = {**(quant or {"group_size": ROUNDED_GROUP, "bits": ROUNDED_BITS}), **overrides}
     return quant, rounded
 
 

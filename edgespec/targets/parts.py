@@ -197,9 +197,11 @@ class FusedForms:
     def fuse(self) -> bool:
         """Concatenate q/k/v and gate/up into one weight each (the modules keep views of it).
 
-        Float layers only; returns whether the block now runs fused. Outputs are unchanged
-        (each output element is the same dot product); what changes is 4 matmuls per block
-        instead of 7 and, on small inputs, one compiled function on each side of attention.
+        Returns whether the block now has its fused form (``FusedBlock.build``: float, or
+        quantized layers alike where joined; a sandwich block only where the native block
+        takes its products). Outputs are unchanged (each output element is the same dot
+        product); what changes is 4 matmuls per block instead of 7 and, on small inputs, one
+        compiled function on each side of attention (a sandwich block: the native block).
         """
         self._fused = FusedBlock.build(self)
         return self._fused is not None
@@ -293,6 +295,16 @@ class SandwichBlock(FusedForms, nn.Module):
         """The four norms in the order a forward applies them."""
         return (self.input_layernorm, self.post_attention_layernorm,
                 self.pre_feedforward_layernorm, self.post_feedforward_layernorm)
+
+    def norm_factors(self) -> list[mx.array] | None:
+        """What the native block scales each norm's rows by: ``1 + w`` of the four norms
+        (``norms`` order), then of the q and k norms where the attention has them, as
+        ``OffsetRMSNorm`` computes it; None where a norm is of another class."""
+        a = self.self_attn
+        norms = [*self.norms(), *((a.q_norm, a.k_norm) if a.q_norm is not None else ())]
+        if any(type(n) is not OffsetRMSNorm for n in norms):
+            return None
+        return [1.0 + n.weight for n in norms]
 
     def __call__(self, x, positions, mask, cache, layer):
         if self._fused is not None and self._fused.current(self):

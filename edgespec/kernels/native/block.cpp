@@ -413,7 +413,8 @@ mx::Stream check_block(const In& in, const BlockShape& s, const std::vector<Segm
   check(in.size() == weights_end + 2 * (segs.size() - 1),
         "needs x, keys, values, anc, qpos, inv_freq, n1, n2, bqkv, bgu, bd, then each "
         "product's weights (1 float array, or 3 when quantized), the q/k norm weights where "
-        "the block has them, then keys and values of each sequence after the first");
+        "the block has them, a sandwich block's post-attention and post-MLP norm weights, "
+        "then keys and values of each sequence after the first");
   const size_t norms_end = weights_end - (s.sandwich ? 2 : 0);  // after the q/k norms
   if (s.qk_norm)
     for (size_t i = norms_end - 2; i < norms_end; ++i)
