@@ -3,6 +3,8 @@
 
 - ``llama``: Q and K rows permuted for llama.cpp's interleaved RoPE (``tensors.unpermute_rows``
   undoes it).
+- ``qwen2``, ``qwen3``: llama's names (qwen2 with q/k/v biases, qwen3 with per-head q/k norms);
+  no permutation (llama.cpp runs their RoPE in Hugging Face's half-split order).
 - ``gemma3`` (text): norm weights stored as ``1 + w`` (llama.cpp multiplies by the weight;
   Gemma's RMSNorm by ``1 + w``), so ``NORM_SHIFT`` is subtracted back. The metadata has no
   sliding-window pattern or local RoPE base in files written before those keys existed:
@@ -26,10 +28,12 @@ _ATTN_MLP = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
 }
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 LAYER_NAMES = {
     "llama": {**_ATTN_MLP, "ffn_norm": "post_attention_layernorm"},
-    "gemma3": {**_ATTN_MLP, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-               "post_attention_norm": "post_attention_layernorm",
+    "qwen2": {**_ATTN_MLP, "ffn_norm": "post_attention_layernorm"},
+    "qwen3": {**_ATTN_MLP, **_QK_NORMS, "ffn_norm": "post_attention_layernorm"},
+    "gemma3": {**_ATTN_MLP, **_QK_NORMS, "post_attention_norm": "post_attention_layernorm",
                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
 }
 SUPPORTED_ARCHITECTURES = tuple(LAYER_NAMES)
@@ -60,7 +64,8 @@ def _number(value):
 
 
 def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
-    """HF ``config.json`` (llama or gemma3_text keys) from the GGUF hyperparameters."""
+    """HF ``config.json`` (llama, qwen2, qwen3 or gemma3_text keys) from the GGUF
+    hyperparameters."""
     arch = meta["general.architecture"]
 
     def get(key, default=...):
@@ -102,6 +107,10 @@ def hf_config(meta: dict, tensor_names: set[str], path: Path) -> dict:
             config["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         else:
             config["sliding_window_pattern"] = pattern
+    elif arch in ("qwen2", "qwen3"):
+        config.update({"architectures": [f"Qwen{arch[-1]}ForCausalLM"], "model_type": arch,
+                       "hidden_act": "silu", "use_sliding_window": False,
+                       "attention_bias": "blk.0.attn_q.bias" in tensor_names})
     else:
         config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                        "hidden_act": "silu", "mlp_bias": False,
