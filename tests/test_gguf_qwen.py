@@ -117,10 +117,8 @@ def test_a_qwen_gguf_matches_mlx_lm_and_runs_natively_kept_quantized(tmp_path, a
     assert kept.quantized and kept.model.rounded == {"Q6_K": sorted(
         f"model.layers.{i}.{m}" for i in range(_LAYERS) for m in ("self_attn.v_proj",
                                                                    "mlp.down_proj"))}
-    if arch == "qwen3":  # bias-free: q and k re-packed to v's 8 bits, every block native
-        assert kept.model.native_blocks() and kept.model.widened == {(4, 8): 2 * _LAYERS}
-    else:  # biased q/k/v of mixed widths have no fused form: nothing re-packed for them
-        assert kept.model.widened == {}
+    # q and k re-packed to v's 8 bits (qwen2's with their biases), every block native
+    assert kept.model.native_blocks() and kept.model.widened == {(4, 8): 2 * _LAYERS}
     prompt = ids[:8] * 3
     plain = Engine(kept).generate(prompt, max_tokens=24)
     lookup = Engine(kept, PromptLookupDrafter()).generate(prompt, max_tokens=24)

@@ -80,8 +80,9 @@ def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context, mo
 # native block's by float rounding, which can move a value across an int8 rounding boundary
 # that the norms then carry (the stack and batch tests check those bits against the per-layer
 # native path instead)
-@pytest.mark.parametrize("q8,options", [(False, {}), (True, {}), (False, QK_NORM)],
-                         ids=["llama", "llama-q8", "qk_norm"])
+@pytest.mark.parametrize("q8,options", [(False, {}), (True, {}), (False, QK_NORM),
+                                        (False, KINDS["bias"])],
+                         ids=["llama", "llama-q8", "qk_norm", "bias"])
 def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_path, q8, options,
                                                       monkeypatch):
     from edgespec.kernels import backend

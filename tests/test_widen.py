@@ -209,13 +209,33 @@ def test_a_block_whose_v_is_wider_than_q_and_k_runs_natively(mod, tiny_models, t
     assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0
 
 
-def test_nothing_is_re_packed_for_a_block_that_would_not_fuse(mod, tiny_models,
-                                                               tmp_path):  # noqa: F811
-    """Biased q/k/v (qwen2's) of mixed widths: the block has no fused form whatever their
-    widths (``fused_block.quant_key`` takes bias-free layers only), so q and k keep 4 bits."""
+def test_nothing_is_re_packed_for_a_block_that_would_not_fuse(mod, tiny_models, tmp_path,
+                                                               monkeypatch):  # noqa: F811
+    """A block refused a fused form for another reason (``fused_block.refuses``: an o_proj
+    bias, sinks, another activation) keeps its layers' widths: re-packing would only cost
+    bytes."""
+    import sys
+
+    from edgespec.targets import load_target
+
+    out = _v_wider(tiny_models.path(layers=2), tmp_path / "mixed")
+    monkeypatch.setattr(sys.modules["edgespec.targets.load"], "refuses", lambda block: True)
+    target = load_target(out, dtype="auto")
+    assert target.model.widened == {}
+    assert target.model.model.layers[0].self_attn.q_proj.bits == 4
+
+
+def test_biased_q_k_v_of_mixed_widths_run_natively(mod, tiny_models, tmp_path):  # noqa: F811
+    """qwen2's biased q/k/v (a Qwen2.5 Q4_K_M's widths): re-packed alike, the block fused with
+    its biases, every block native, lookup equal to plain decoding."""
+    from edgespec import Engine
+    from edgespec.drafters.lookup import PromptLookupDrafter
     from edgespec.targets import load_target
 
     out = _v_wider(tiny_models.path(layers=2, bias=True), tmp_path / "mixed")
     target = load_target(out, dtype="auto")
-    assert target.model.widened == {} and not target.model.native_blocks()
-    assert target.model.model.layers[0].self_attn.q_proj.bits == 4
+    assert target.model.widened == {(4, 8): 4} and target.model.native_blocks()
+    prompt = "the cat sat on the mat and the cat sat on the"
+    plain = Engine(target).generate(prompt, max_tokens=24)
+    lookup = Engine(target, PromptLookupDrafter()).generate(prompt, max_tokens=24)
+    assert lookup.token_ids == plain.token_ids and lookup.stats.proposed > 0

@@ -2,14 +2,14 @@
 each side of attention as one compiled MLX function.
 
 The four projections go through ``matmul.small_matmul`` (the native small-M kernel where the
-backend chose it, else ``x @ w.T``), or, for blocks whose six projections are bias-free affine
-``QuantizedLinear`` layers (q/k/v alike and gate/up alike in bits and group size), through
-``qmatmul.quantized_small_matmul`` on the packed weights, concatenated the same way. Used by
-pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3, with qwen3's
-per-head q/k RMSNorms). The norms and the q|k|v split with RoPE go through ``rope_norm`` (one
-native operation each on the CPU, where MLX's own take many); the module path is the pure-MLX
-twin
-(tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
+backend chose it, else ``x @ w.T``), or, for blocks whose seven projections are affine
+``QuantizedLinear`` layers (q/k/v alike and gate/up alike in bits, group size and biases),
+through ``qmatmul.quantized_small_matmul`` on the packed weights, concatenated the same way.
+Used by pre-norm SiLU blocks (``targets/parts.PreNormBlock``: llama, mistral, qwen2, qwen3,
+with qwen3's per-head q/k RMSNorms) and, native only, Gemma's sandwich blocks
+(``parts.SandwichBlock``). The norms and the q|k|v split with RoPE go through ``rope_norm``
+(one native operation each on the CPU, where MLX's own take many); the module path is the
+pure-MLX twin (tests compare the two). Forwards over at most ``COMPILE_MAX_TOKENS`` tokens run
 compiled; ``EDGESPEC_COMPILE=0`` turns compilation off.
 """
 
@@ -370,14 +370,15 @@ def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj,
 
 def quant_key(block) -> tuple | None:
     """(group size, bits) of the q|k|v, o, gate|up and down products of a block whose
-    projections are all bias-free affine QuantizedLinear layers with q/k/v and gate/up alike;
-    None otherwise (a float block, or one the quantized fused path does not take)."""
+    projections are all affine QuantizedLinear layers with q/k/v and gate/up alike (in bits
+    and in having biases or not: qwen2's q/k/v have them, added after the product as for float
+    layers); None otherwise (a float block, or one the quantized fused path does not take)."""
     a, m = block.self_attn, block.mlp
     groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj])
     key = []
     for mods in groups:
-        if any(type(lin) is not nn.QuantizedLinear or "bias" in lin or lin.mode != "affine"
-               or "biases" not in lin for lin in mods):
+        if any(type(lin) is not nn.QuantizedLinear or lin.mode != "affine"
+               or "biases" not in lin for lin in mods) or len({"bias" in lin for lin in mods}) > 1:
             return None
         params = {(lin.group_size, lin.bits) for lin in mods}
         if len(params) != 1:
