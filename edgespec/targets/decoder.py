@@ -343,8 +343,10 @@ class Decoder(nn.Module):
         if huge_pages_wanted():
             head = self.output_head()
             head_arrays = [a for _, a in tree_flatten(head.parameters())]
-            if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear):
-                head_arrays += halves(head) or ()  # what the native kernel reads instead
+            half = (halves(head) if type(head) in (nn.QuantizedEmbedding, nn.QuantizedLinear)
+                    else None)
+            if half is not None:  # what the native kernel reads instead of the float32 ones
+                head_arrays = [head["weight"], *half]
             streamed = pack_blocks(self.model.layers) + head_arrays
             self.huge_page_bytes = sum(advise_huge_pages(a) for a in streamed)
         return fused
