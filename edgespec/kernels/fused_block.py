@@ -131,7 +131,8 @@ class FusedBlock:
         quant = quant_key(block)  # None unless every projection is a quantized layer it takes
         quantized = quant is not None
         if not quantized and any(type(lin) is not nn.Linear for lin in layers):
-            return None  # custom, or quantized with biases, another mode or mixed q/k/v bits
+            return None  # custom, or quantized in another mode, with mixed q/k/v bits or
+            # with biases on some of a joined group's layers only
         if refuses(block) or (block.sandwich and not native_takes(quant)):
             return None  # a sandwich block has no form but the native one
         if not quantized and not mx.issubdtype(a.q_proj.weight.dtype, mx.floating):
