@@ -132,3 +132,17 @@ def test_the_qwen2_pre_tokenizer_splits_digits_one_by_one(tmp_path):
     pieces = json.loads((out / "tokenizer.json").read_text())["pre_tokenizer"]
     assert r"\p{N}{1,3}" not in json.dumps(pieces) and r"\p{N}" in json.dumps(pieces)
     assert tok.decode(tok.encode("12345", add_special_tokens=False)) == "12345"
+
+
+@pytest.mark.parametrize("pre", ["deepseek-r1-qwen", "megrez", "kormo"])
+def test_llama_cpps_other_names_of_the_qwen2_pre_tokenizer(tmp_path, pre):
+    """llama.cpp reads these ``tokenizer.ggml.pre`` values as qwen2's splitting (the DeepSeek
+    R1 distills of Qwen carry the first)."""
+    from ._gguf_fixtures import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "q.gguf", pre=pre)
+    write_tiny_gguf(tmp_path / "r.gguf", pre="qwen2")
+    got = eg.convert_gguf(tmp_path / "q.gguf", tmp_path / "q", progress=False)
+    want = eg.convert_gguf(tmp_path / "r.gguf", tmp_path / "r", progress=False)
+    split = [json.loads((d / "tokenizer.json").read_text())["pre_tokenizer"] for d in (got, want)]
+    assert split[0] == split[1]

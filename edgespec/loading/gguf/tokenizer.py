@@ -24,7 +24,8 @@ PRE_TOKENIZER_REGEXES = {
 """llama.cpp's pre-tokenizer splits by ``tokenizer.ggml.pre`` (llama-vocab.cpp): each regex splits
 the pieces of the previous one, matches and gaps kept (HF ``Split(..., "isolated")``)."""
 _PRE_ALIASES = {"gpt2": "gpt-2", "starcoder": "smollm", "refact": "smollm", "codeshell": "smollm",
-                "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
+                "llama3": "llama-bpe", "llama-v3": "llama-bpe", "deepseek-r1-qwen": "qwen2",
+                "megrez": "qwen2", "kormo": "qwen2"}
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 GEMMA_TURNS = (
