@@ -26,11 +26,14 @@ from .test_gguf_blocks import random_blocks
 
 pytest.importorskip("mlx_lm")
 
-_HIDDEN, _LAYERS, _HEADS, _KV, _HEAD_DIM, _FFN = 256, 2, 4, 2, 64, 512
+_HIDDEN, _LAYERS, _HEADS, _KV, _FFN = 256, 2, 4, 2, 512
+# qwen3's head_dim (its own field, from attention.key_length) is not hidden / heads here;
+# mlx-lm's qwen2 derives it
+_HEAD_DIM = {"qwen2": _HIDDEN // _HEADS, "qwen3": 128}
 _CONFIG = {"hidden_size": _HIDDEN, "num_hidden_layers": _LAYERS, "intermediate_size": _FFN,
-           "num_attention_heads": _HEADS, "num_key_value_heads": _KV, "head_dim": _HEAD_DIM,
-           "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "vocab_size": len(TOKENS),
-           "tie_word_embeddings": True, "max_position_embeddings": 512}
+           "num_attention_heads": _HEADS, "num_key_value_heads": _KV, "rms_norm_eps": 1e-6,
+           "rope_theta": 1_000_000.0, "vocab_size": len(TOKENS), "tie_word_embeddings": True,
+           "max_position_embeddings": 512}
 _TYPES = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q4_K,
           "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K, "ffn_down": T.Q6_K, "token_embd": T.Q8_0}
 _ARCHS = {"qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3}
@@ -40,7 +43,8 @@ def _mlx_lm_model(arch: str):
     import importlib
 
     module = importlib.import_module(f"mlx_lm.models.{arch}")
-    return module, module.Model(module.ModelArgs.from_dict({**_CONFIG, "model_type": arch}))
+    config = {**_CONFIG, "model_type": arch, "head_dim": _HEAD_DIM[arch]}
+    return module, module.Model(module.ModelArgs.from_dict(config))
 
 
 def _write(path, arch: str) -> None:
@@ -53,8 +57,9 @@ def _write(path, arch: str) -> None:
     for key, value in [("block_count", _LAYERS), ("context_length", 512),
                        ("embedding_length", _HIDDEN), ("feed_forward_length", _FFN),
                        ("attention.head_count", _HEADS), ("attention.head_count_kv", _KV),
-                       ("attention.key_length", _HEAD_DIM), ("attention.value_length", _HEAD_DIM),
-                       ("rope.dimension_count", _HEAD_DIM)]:
+                       ("attention.key_length", _HEAD_DIM[arch]),
+                       ("attention.value_length", _HEAD_DIM[arch]),
+                       ("rope.dimension_count", _HEAD_DIM[arch])]:
         w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
@@ -105,8 +110,10 @@ def test_a_qwen_gguf_matches_mlx_lm_and_runs_natively_kept_quantized(tmp_path, a
     _write(tmp_path / "q.gguf", arch)
     out = eg.convert_gguf(tmp_path / "q.gguf", tmp_path / "out", progress=False)
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == arch and config["head_dim"] == _HEAD_DIM
+    assert config["model_type"] == arch and config["head_dim"] == _HEAD_DIM[arch]
     assert config["attention_bias"] is (arch == "qwen2")
+    stops = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert {TOKENS.index("<|im_end|>"), TOKENS.index("<|endoftext|>")} <= set(stops)
     ids = [int(i) for i in np.random.default_rng(1).integers(3, len(TOKENS), 24)]
     want = np.array(_reference(tmp_path / "q.gguf", arch)(mx.array(ids)[None])[0])
     exact = load_target(out, dtype="float32")

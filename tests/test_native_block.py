@@ -81,8 +81,8 @@ def test_native_block_matches_the_fused_path(mod, tiny_models, kind, context, mo
 # that the norms then carry (the stack and batch tests check those bits against the per-layer
 # native path instead)
 @pytest.mark.parametrize("q8,options", [(False, {}), (True, {}), (False, QK_NORM),
-                                        (False, KINDS["bias"])],
-                         ids=["llama", "llama-q8", "qk_norm", "bias"])
+                                        (False, KINDS["bias"]), (True, KINDS["bias"])],
+                         ids=["llama", "llama-q8", "qk_norm", "bias", "bias-q8"])
 def test_native_block_matches_the_fused_path_quantized(mod, tiny_models, tmp_path, q8, options,
                                                       monkeypatch):
     from edgespec.kernels import backend
@@ -367,3 +367,27 @@ def test_a_gemma3_row_does_not_depend_on_the_rows_with_it(mod, tmp_path):
     target = load_target(path, dtype="auto")
     assert target.model.native_blocks() and target.model._current_stack() is not None
     _rows_alone_and_together(target, 12)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_head_layer_with_biases_keeps_its_module_path(quantized):
+    """The native head layer leaves its bias slots empty, so a layer whose projections have
+    biases (none of edgespec's heads, but a quantized one would pass ``quant_key``) has no
+    native form, float or quantized."""
+    import mlx.nn as nn
+
+    from edgespec.heads import HeadConfig
+    from edgespec.heads.eagle3 import Eagle3Layer, NativeLayer
+
+    config = HeadConfig(kind="eagle3", hidden_size=64, vocab_size=300, draft_vocab_size=300,
+                        aux_layers=(0, 1, 2), num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, intermediate_size=128)
+    layer = Eagle3Layer(config)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = layer.self_attn[name]
+        setattr(layer.self_attn, name, nn.Linear(old.weight.shape[1], old.weight.shape[0],
+                                                 bias=True))
+    if quantized:
+        nn.quantize(layer, group_size=32, bits=4,
+                    class_predicate=lambda _, m: isinstance(m, nn.Linear))
+    assert NativeLayer(layer).args is None

@@ -242,9 +242,9 @@ class NativeLayer:
     norms' weights side by side, q|k|v and gate|up joined (copies: the modules keep their own
     for training and the twin), float32 or, as the target's blocks, MLX's affine 4/8-bit
     packing throughout (``kernels.fused_block``'s rules). ``args`` is None where the op does
-    not take the layer (other layers, dtypes, bits or group sizes, biases, or float and
-    quantized projections mixed); ``current`` tells when the modules' weights were replaced
-    since."""
+    not take the layer (other layers, dtypes, bits or group sizes, biases on any projection,
+    float or quantized, or float and quantized projections mixed); ``current`` tells when the
+    modules' weights were replaced since."""
 
     def __init__(self, layer: Eagle3Layer):
         a, m, r = layer.self_attn, layer.mlp, layer.self_attn.rope
@@ -253,8 +253,9 @@ class NativeLayer:
         quant = quant_key(layer)
         projections = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
                        m.down_proj)
-        if quant is None and any(type(lin) is not nn.Linear or "bias" in lin
-                                 for lin in projections):
+        if any("bias" in lin for lin in projections):
+            return  # the op's bias slots are left empty here
+        if quant is None and any(type(lin) is not nn.Linear for lin in projections):
             return
         if not native_takes(quant):
             return

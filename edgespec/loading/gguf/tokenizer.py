@@ -45,9 +45,14 @@ instruction-tuned models answer only in it, and a GGUF may carry no template at 
 gemma-family file without one this template and ``<end_of_turn>`` as a stop token, where the
 generic fallback (ChatML, ``loading/tokenizer.py``) would get no answer at all. A gemma file
 with a template of its own but no end-of-turn id stops at ``<end_of_turn>`` too."""
-FAMILY_TEMPLATES = {"gemma3": (GEMMA_TURNS, "<end_of_turn>")}
-"""``general.architecture`` (of those the converter takes) -> (the chat template of a file without
-one, the end-of-turn token every file of the family stops at)."""
+FAMILY_TEMPLATES = {"gemma3": GEMMA_TURNS}
+"""``general.architecture`` (of those the converter takes) -> the chat template of a file without
+one."""
+FAMILY_STOPS = {"gemma3": ("<end_of_turn>",), "qwen2": ("<|im_end|>", "<|endoftext|>"),
+                "qwen3": ("<|im_end|>", "<|endoftext|>")}
+"""``general.architecture`` -> the tokens every file of the family stops at where its vocabulary
+has them, besides its eos/eot/eom ids: a Qwen file's eos is one of its two ends (Hugging Face's
+generation config lists both, and llama.cpp stops at either)."""
 
 
 def _byte_level_bpe(meta: dict, tokens: list[str], vocab: dict, path: Path) -> tokenizers.Tokenizer:
@@ -152,9 +157,10 @@ def tokenizer_files(meta: dict, path: Path) -> dict[str, object]:
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
     elif family is not None:
-        config["chat_template"] = family[0]
-    if family is not None and family[1] in tokens:  # its turns end there, template or not
-        eos_ids.add(tokens.index(family[1]))
+        config["chat_template"] = family
+    for stop in FAMILY_STOPS.get(meta.get("general.architecture"), ()):
+        if stop in tokens:  # the family's turns end there, template or not
+            eos_ids.add(tokens.index(stop))
     eos_ids = sorted(eos_ids)
     generation = {"bos_token_id": ids["bos"] if name["bos"] else None,
                   "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
