@@ -13,7 +13,10 @@ file is a base model). Variants:
 
 Prints each variant's plain-decoding tok/s per round, the medians of the paired ratios against
 ``module``, and how many outputs equal ``module``'s (int8 x rounds differently, so greedy output
-may differ; the float-x native block should give the module path's tokens).
+may differ; the float-x native block should give the module path's tokens). Then the time to
+the first token of a ~1,000-word prompt (``scripts/prefill_ttft.py``'s, as raw text; no prefix
+reuse) per variant, taking turns: the module path prefills in chunks of 512 tokens, the native
+blocks in chunks of 32.
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 
 from edgespec.engine import Engine
 from edgespec.kernels.backend import set_q8_activations
 from edgespec.targets import load
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefill_ttft import prompt_text  # noqa: E402  (a sibling script)
 
 PROMPTS = ["The history of the printing press begins", "def fibonacci(n):",
            "Once upon a time, in a small village by the sea,", "The capital of France is"]
@@ -65,7 +72,18 @@ def main(model: str = "gemma3-270m", dtype: str = "auto", rounds: str = "3",
             outs.setdefault(name, out)
         print(f"round {r + 1}: " + ", ".join(f"{n} {speeds[n][-1]:.1f}" for n in names)
               + " tok/s")
+    prompt = prompt_text(1000)
+    firsts: dict[str, list[float]] = {v: [] for v in names}
+    for _ in range(int(rounds)):
+        for name in names:
+            variant(name)
+            engine = Engine(target, None, reuse_prefix=False)
+            t0 = time.perf_counter()
+            engine.generate(prompt, max_tokens=1)
+            firsts[name].append((time.perf_counter() - t0) * 1e3)
     variant("native")
+    print(f"first token of a {len(Engine(target).encode(prompt))}-token prompt (ms, median): "
+          + ", ".join(f"{n} {statistics.median(firsts[n]):.0f}" for n in names))
     for name in names:
         ratios = [a / b for a, b in zip(speeds[name], speeds["module"])]
         same = sum(a == b for a, b in zip(outs[name], outs["module"]))
