@@ -22,6 +22,8 @@ many of a verify's rows chose it. On the CPU (``SwitchGLU.grouped``) the router'
 read on the host and each chosen expert runs one product over all its rows (the native small-M
 kernels): MLX's CPU ``gather_mm`` runs one single-row product per (row, expert) pair, so its
 cost grows with the pairs (measured: linear in rows, sorted or not), and takes float32 only.
+Where the native kernels run, a decode step's one row takes ``grouped`` too, so that it gets
+the bits a verify gives it.
 Elsewhere (``SwitchGLU.gathered``) the pairs are sorted by expert through ``mx.gather_mm`` /
 ``mx.gather_qmm`` with ``sorted_indices=True``, as mlx-lm's ``switch_layers`` does (it sorts
 only from 64 pairs up). ``experts_loop`` is the naive per-row twin the tests check both against.
@@ -39,7 +41,7 @@ import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..kernels.activations import silu
-from ..kernels.backend import on_cpu
+from ..kernels.backend import native_enabled, on_cpu
 from ..kernels.matmul import small_matmul
 from ..kernels.qmatmul import quantized_small_matmul
 from .parts import Attention, project
@@ -168,12 +170,16 @@ class SwitchGLU(nn.Module):
 
     def __call__(self, x: mx.array, inds: mx.array) -> mx.array:
         """x (..., D), inds (..., k) -> (..., k, D): each row through each of its k experts,
-        every chosen expert's weights read once: ``grouped`` on the CPU for several rows (and
-        for any row count outside float32, which MLX's CPU ``gather_mm`` does not take), else
-        ``gathered`` (one row's k experts are distinct: each is read once either way, and no
-        wait for the router)."""
+        every chosen expert's weights read once: ``grouped`` on the CPU for several rows, for
+        any row count outside float32 (which MLX's CPU ``gather_mm`` does not take) and, where
+        the native kernels run, for one row too; else ``gathered`` (one row's k experts are
+        distinct: each is read once either way, and no wait for the router). One row through
+        ``grouped`` gets the bits it gets among a verify's rows (the native kernels' rows do
+        not depend on each other; ``gather_mm``'s single-row products give other bits), so
+        greedy speculation equals plain decoding on MoE models too; its cost is one wait for
+        the router per MoE layer of a decode step (``tests/test_families.py``)."""
         several = inds.size > inds.shape[-1]
-        if on_cpu() and (several or x.dtype != mx.float32):
+        if on_cpu() and (several or x.dtype != mx.float32 or native_enabled()):
             return self.grouped(x, inds)
         return self.gathered(x, inds)
 
