@@ -107,12 +107,6 @@ def test_tree_branches_match_separate_chains(pair):
         _close(logits[u], oracle_logits(oracle, ids[:-1] + path)[-1], f"tree node {u}")
 
 
-# Families whose forward is not yet row-exact on the CPU: a short convolution's bias (lfm2)
-# depends on how many rows come together. Speculation there keeps greedy output equal to plain
-# decoding only where no near-tie meets a last-bit difference. (The MoE families' experts were
-# here while a decode step's one row took MLX's gather_mm: ``experts.SwitchGLU.__call__``.)
-NOT_ROW_EXACT = {"lfm2-conv-bias"}
-
 
 def _verify_rows_equal_decode_steps(target, seed: int = 3) -> None:
     ids = _ids(19, seed)
@@ -128,17 +122,18 @@ def _verify_rows_equal_decode_steps(target, seed: int = 3) -> None:
     assert np.array_equal(want, np.stack(got)), np.abs(want - np.stack(got)).max()
 
 
-def test_a_verify_row_gets_the_bits_of_a_decode_step(pair, request, monkeypatch):
+def test_a_verify_row_gets_the_bits_of_a_decode_step(pair, monkeypatch):
     """Greedy speculation is exact only if scoring several tokens at once gives each the bits
     it gets alone: a chain of 9 tokens scored together against 9 one-token steps, every
     family's float32 forward, whichever path its blocks take (the native products taking the
-    tiny model's small ones too, as they take a real model's)."""
+    tiny model's small ones too, as they take a real model's). The MoE families' experts
+    (``experts.SwitchGLU.__call__``: a decode step's one row took MLX's ``gather_mm``) and
+    biased projections (lfm2's convolution layers: MLX's fused product with the bias,
+    ``kernels.matmul.linear``) once failed it."""
     from edgespec.kernels import backend
 
     if not backend.native_enabled():
         pytest.skip("the native kernels do not run here: MLX's products decide the rows")
-    if request.node.callspec.params["pair"] in NOT_ROW_EXACT:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="not row-exact yet"))
     monkeypatch.setattr(backend, "MIN_WORK", 0)
     _verify_rows_equal_decode_steps(pair[0])
 

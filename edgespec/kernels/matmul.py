@@ -95,21 +95,24 @@ def _evaluated_halves(scales: mx.array, biases: mx.array) -> tuple | None:
 
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
-    """A linear map applied to ``x``: a bias-free float32 ``nn.Linear`` or a float32
-    ``nn.Embedding`` (the tied LM head) through ``small_matmul``; a bias-free affine
-    ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` through ``qmatmul``; any other module
-    called as it is (an embedding through its ``as_linear``)."""
-    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
-            and module.mode == "affine":
-        return quantized_small_matmul(x, module["weight"], module["scales"],
-                                      module.get("biases"), module.group_size, module.bits,
-                                      symmetric(module), halves(module))
+    """A linear map applied to ``x``: a float32 ``nn.Linear`` or a float32 ``nn.Embedding``
+    (the tied LM head) through ``small_matmul``; an affine ``nn.QuantizedLinear`` /
+    ``nn.QuantizedEmbedding`` through ``qmatmul``; a layer's bias added after the product (not
+    inside MLX's fused product, whose rows may depend on how many come together: a biased
+    projection then keeps the native kernels' row by row bits); any other module called as it
+    is (an embedding through its ``as_linear``)."""
+    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and module.mode == "affine":
+        y = quantized_small_matmul(x, module["weight"], module["scales"], module.get("biases"),
+                                   module.group_size, module.bits, symmetric(module),
+                                   halves(module))
+        return y + module["bias"] if "bias" in module else y
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
             return small_matmul(x, module.weight)
         return module.as_linear(x)
-    if type(module) is nn.Linear and "bias" not in module and module.weight.dtype == mx.float32:
-        return small_matmul(x, module.weight)
+    if type(module) is nn.Linear and module.weight.dtype == mx.float32:
+        y = small_matmul(x, module.weight)
+        return y + module["bias"] if "bias" in module else y
     return module(x)
 
 
@@ -117,10 +120,8 @@ def linear_rows_exact(module: nn.Module, m: int) -> bool:
     """Whether ``linear(module, x)`` over ``m`` rows runs a native kernel, which computes each
     row by itself (its bits do not depend on the rows beside it); elsewhere MLX's product,
     whose rows may depend on how many come together."""
-    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and "bias" not in module \
-            and module.mode == "affine":
+    if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and module.mode == "affine":
         return use_quantized_small_matmul(m, module.group_size, module.bits)
-    if type(module) in (nn.Embedding, nn.Linear) and "bias" not in module \
-            and module.weight.dtype == mx.float32:
+    if type(module) in (nn.Embedding, nn.Linear) and module.weight.dtype == mx.float32:
         return use_small_matmul(m, *module.weight.shape)
     return False
