@@ -242,6 +242,27 @@ def test_existing_output_is_not_overwritten(tmp_path, converted):
     assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
 
 
+def test_weights_are_written_in_shards_as_they_are_decoded(tmp_path, converted, monkeypatch):
+    """With a shard size below the model's, the conversion writes several weights files as it
+    goes (``SHARD_BYTES``: it never holds every tensor), named as Hugging Face names them, and
+    the model loads to the same arrays as from one file."""
+    monkeypatch.setattr(eg.convert, "SHARD_BYTES", 40_000)
+    out = eg.convert_gguf(converted[1], tmp_path / "out", progress=False)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    sharded = {k: v for f in files for k, v in mx.load(str(out / f)).items()}
+    whole = mx.load(str(converted[2] / "model.safetensors"))
+    assert sharded.keys() == whole.keys()
+    assert all(mx.array_equal(sharded[k], whole[k]).item() for k in whole)
+    assert not list(tmp_path.glob(".*partial"))
+    from edgespec.targets import load_target
+
+    a, b = load_target(out, dtype="auto"), load_target(converted[2], dtype="auto")
+    ids = [5, 9, 12, 30, 7]
+    assert mx.array_equal(a.score(ids, a.make_cache()).logits,
+                          b.score(ids, b.make_cache()).logits).item()
+
+
 def test_interrupted_conversion_leaves_nothing(tmp_path, converted, monkeypatch):
     def fail(*args, **kwargs):
         raise KeyboardInterrupt

@@ -123,15 +123,19 @@ def _tensor_parts(tensor, path: Path) -> dict[str, mx.array]:
         raise ModelLoadError(f"{path}: cannot decode tensor {tensor.name!r} ({kind.name}): {e}") from e
 
 
-def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool = True):
-    """HF-named weights and the mlx-lm ``quantization`` config (None when nothing is quantized)."""
+def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool = True,
+                    sink=None):
+    """HF-named weights and the mlx-lm ``quantization`` config (None when nothing is quantized).
+    ``sink(name, array)``: where each array goes as it is decoded (the weights returned are then
+    empty), so that a caller can write them out without holding them all."""
     arch = reader.fields["general.architecture"].contents()
     heads = {}
     if arch in PERMUTED_QK:
         heads = {"self_attn.q_proj": config["num_attention_heads"],
                  "self_attn.k_proj": config["num_key_value_heads"]}
     shift = NORM_SHIFT.get(arch, 0.0)
-    weights, bits, dense = {}, {}, {}
+    weights, bits, dense, names = {}, {}, {}, set()
+    put = weights.__setitem__ if sink is None else sink
     for tensor in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor",
                        file=sys.stderr, disable=not progress):
         module = hf_name(tensor.name, arch, path).rpartition(".")[0]
@@ -141,12 +145,13 @@ def convert_tensors(reader: GGUFReader, config: dict, path: Path, progress: bool
                 array = unpermute_rows(array, n_head)
             if shift and module.endswith("norm") and suffix == "weight":
                 array = array - shift
-            weights[f"{module}.{suffix}"] = array
+            put(f"{module}.{suffix}", array)
+            names.add(f"{module}.{suffix}")
         if tensor.tensor_type in AFFINE_BITS:
             bits[module] = AFFINE_BITS[tensor.tensor_type]
         elif tensor.tensor_type in DENSE_DECODED and len(tensor.shape) == 2:
             dense[module] = tensor.tensor_type.name
-    _check_complete(weights, config, arch, path)
+    _check_complete(names, config, arch, path)
     if dense:
         config[DENSE_DECODED_KEY] = dict(sorted(dense.items()))
     return weights, quantization_config(bits)
@@ -164,7 +169,7 @@ def quantization_config(bits: dict[str, int]) -> dict | None:
     return config
 
 
-def _check_complete(weights: dict, config: dict, arch: str, path: Path) -> None:
+def _check_complete(weights, config: dict, arch: str, path: Path) -> None:
     per_layer = [f"{n}.weight" for n in LAYER_NAMES[arch].values()]
     needed = ["model.embed_tokens.weight", "model.norm.weight"] + [
         f"model.layers.{i}.{n}" for i in range(config["num_hidden_layers"]) for n in per_layer]
