@@ -1,7 +1,7 @@
 """GGUF tensors -> HF-named MLX arrays (the weights half of the GGUF conversion; see ``convert.py``).
 
 :func:`~edgespec.loading.gguf.convert.convert_gguf` writes ``config.json`` (HF keys, see
-``archs.py``), ``model.safetensors`` (HF tensor names), ``tokenizer.json``,
+``archs.py``), ``model.safetensors`` or its shards (HF tensor names), ``tokenizer.json``,
 ``tokenizer_config.json`` and ``generation_config.json`` into a temporary sibling directory and
 renames it into place, so an interrupted conversion never leaves a half-written model directory.
 Every failure is a typed error naming the file: a corrupt or truncated file ->
