@@ -341,6 +341,8 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "widened": [{"bits": b, "to": t, "layers": n}
                     for (b, t), n in sorted(target.model.widened.items())],
         "rounded": {kind: len(mods) for kind, mods in sorted(target.model.rounded.items())},
+        "native_blocks": sum(bool(getattr(b, "native_ready", lambda: False)())
+                             for b in target.model.model.layers),
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "quantized": target.quantized,
@@ -397,6 +399,10 @@ def format_findings(f: dict) -> str:
         f"kernels    {f['native_kernels']}",
         f"metal      {f['metal_kernels']}",
         f"model      {f['model']}  dtype {f['dtype']}  layers {f['layers']}"
+        + ("" if f.get("native_blocks") is None else
+           f"  ({f['native_blocks']} as the native block"
+           + ("" if f["native_blocks"] == f["layers"] else
+              "; the others take the module path, and products keep float x") + ")")
         + "".join(f"\n           {w['layers']} layers of {w['bits']}-bit weights re-packed as "
                   f"{w['to']}-bit for the native products (the same weights, more bytes)"
                   for w in f.get("widened", []))

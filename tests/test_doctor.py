@@ -211,3 +211,11 @@ def test_rounded_q6_k_layers_are_named_on_the_model_line():
     text = doctor.format_findings(dict(FINDINGS, rounded={"Q6_K": 9}))
     assert "9 Q6_K layers rounded to 8 bits, groups of 32" in text
     assert "rounded to 8 bits" not in doctor.format_findings(FINDINGS)
+
+
+def test_the_blocks_that_run_natively_are_counted_on_the_model_line():
+    whole = doctor.format_findings(dict(FINDINGS, native_blocks=FINDINGS["layers"]))
+    assert f"({FINDINGS['layers']} as the native block)" in whole
+    part = doctor.format_findings(dict(FINDINGS, native_blocks=0))
+    assert "(0 as the native block; the others take the module path" in part
+    assert "as the native block" not in doctor.format_findings(FINDINGS)
