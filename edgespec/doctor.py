@@ -41,7 +41,8 @@ from mlx.utils import tree_flatten
 
 from . import BLAS, __version__
 from .kernels import native
-from .kernels.backend import metal_summary, native_summary, q8_form_runs, q8_scope
+from .kernels.backend import (metal_summary, native_summary, q8_form_runs, q8_scope,
+                              use_native_block)
 from .kernels.fused_block import STREAMED
 from .kernels.matmul import halves, small_matmul, symmetric
 from .kernels.qmatmul import half_scales, quantized_small_matmul, symmetric_biases
@@ -342,7 +343,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
                     for (b, t), n in sorted(target.model.widened.items())],
         "rounded": {kind: len(mods) for kind, mods in sorted(target.model.rounded.items())},
         "native_blocks": sum(bool(getattr(b, "native_ready", lambda: False)())
-                             for b in target.model.model.layers),
+                             for b in target.model.model.layers) if use_native_block() else 0,
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "quantized": target.quantized,

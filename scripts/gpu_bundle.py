@@ -79,8 +79,9 @@ def prepare(args) -> None:
     target = load(args.model)
     out = Path(args.bundle)
     (out / "model").mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        shutil.copyfile(target.path / name, out / "model" / name)
+    for f in [target.path / "config.json", target.path / "tokenizer.json",
+              *target.path.glob("*.safetensors")]:  # one weights file, or a converter's shards
+        shutil.copyfile(f, out / "model" / f.name)
     (out / "recipe.json").write_text(json.dumps(recipe_for(target), indent=1))
     eval_dir = default_eval_dir()
     files = sorted(eval_dir.rglob("*.jsonl")) if eval_dir.is_dir() else []

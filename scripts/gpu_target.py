@@ -33,7 +33,8 @@ def load_weights(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.numpy import load_file
 
     config = json.loads((folder / "config.json").read_text())
-    raw = load_file(str(folder / "model.safetensors"))
+    raw = {k: v for f in sorted(folder.glob("*.safetensors"))  # one file, or shards
+           for k, v in load_file(str(f)).items()}
     out = {}
     for name, value in raw.items():
         if name.endswith((".scales", ".biases")):

@@ -298,3 +298,22 @@ def test_expert_shares_read_k_of_e_per_token(tmp_path, name, k_of_e):
     assert shares and all(s == pytest.approx(k_of_e) for s in shares.values()), shares
     four = expert_shares(target.model, 4)
     assert all(s == pytest.approx(1 - (1 - k_of_e) ** 4) for s in four.values()), four
+
+
+@pytest.mark.parametrize("shape,bias", [((8, 4096), False), ((32, 2880), True), ((1, 2048), False)])
+def test_a_small_projection_gets_one_rows_bits_among_many(shape, bias):
+    """A router (mixtral's 4096 -> 8, gpt-oss's 2880 -> 32 with a bias) or a shared expert's
+    gate is under the native kernel's work threshold for one row and over it for a verify's:
+    ``kernels.matmul.linear`` takes the native kernel at any work, so one row's bits are the
+    same alone and among nine."""
+    from edgespec.kernels import backend
+    from edgespec.kernels.matmul import linear
+
+    if not backend.native_enabled():
+        pytest.skip("the native kernels do not run here")
+    n, k = shape
+    layer = nn.Linear(k, n, bias=bias)
+    x = mx.random.normal((1, 9, k), key=mx.random.key(n))
+    together = linear(layer, x)
+    alone = mx.concatenate([linear(layer, x[:, i : i + 1]) for i in range(9)], axis=1)
+    assert mx.array_equal(together, alone).item()

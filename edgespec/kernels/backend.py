@@ -147,8 +147,13 @@ def prefill_chunk(native_blocks: bool) -> int:
     return SMALL_M_MAX if native_blocks and on_cpu() and use_native_block() else 512
 
 
-def use_small_matmul(m: int, n: int, k: int) -> bool:
-    return 1 <= m <= SMALL_M_MAX and m * n * k >= MIN_WORK and native_enabled()
+def use_small_matmul(m: int, n: int, k: int, exact: bool = False) -> bool:
+    """Whether an (m, k) x (k, n) float32 product runs the native kernel: 1..SMALL_M_MAX rows
+    and, unless ``exact``, at least ``MIN_WORK`` multiply-adds (below that MLX's is as fast).
+    ``exact``: whatever the work, so that 1 row and 9 of the same product take the same kernel,
+    whose rows do not depend on each other (a small router's one row would otherwise take the
+    BLAS and a verify's rows the kernel)."""
+    return 1 <= m <= SMALL_M_MAX and (exact or m * n * k >= MIN_WORK) and native_enabled()
 
 
 def use_quantized_small_matmul(m: int, group_size: int, bits: int) -> bool:

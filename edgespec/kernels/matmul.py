@@ -48,11 +48,12 @@ def small_matmul_native(x: mx.array, w: mx.array) -> mx.array:
     return mod.small_matmul(x, w)
 
 
-def small_matmul(x: mx.array, w: mx.array) -> mx.array:
-    """``x @ w.T``, through the native kernel where the backend chose it for this shape."""
+def small_matmul(x: mx.array, w: mx.array, exact: bool = False) -> mx.array:
+    """``x @ w.T``, through the native kernel where the backend chose it for this shape
+    (``exact``: at any work, ``backend.use_small_matmul``)."""
     if x.ndim >= 1 and w.ndim == 2 and x.dtype == w.dtype == mx.float32:
         m = math.prod(x.shape[:-1])
-        if use_small_matmul(m, w.shape[0], w.shape[1]) and x.shape[-1] == w.shape[1]:
+        if use_small_matmul(m, w.shape[0], w.shape[1], exact) and x.shape[-1] == w.shape[1]:
             return native.load().small_matmul(x, w)
     return small_matmul_mlx(x, w)
 
@@ -96,7 +97,9 @@ def _evaluated_halves(scales: mx.array, biases: mx.array) -> tuple | None:
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
     """A linear map applied to ``x``: a float32 ``nn.Linear`` or a float32 ``nn.Embedding``
-    (the tied LM head) through ``small_matmul``; an affine ``nn.QuantizedLinear`` /
+    (the tied LM head) through ``small_matmul`` at any work (``exact``: a small product, such as
+    an MoE router, takes the native kernel for one row as for several); an affine
+    ``nn.QuantizedLinear`` /
     ``nn.QuantizedEmbedding`` through ``qmatmul``; a layer's bias added after the product (not
     inside MLX's fused product, whose rows may depend on how many come together: a biased
     projection then keeps the native kernels' row by row bits); any other module called as it
@@ -108,10 +111,10 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
         return y + module["bias"] if "bias" in module else y
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):  # the tied LM head
         if type(module) is nn.Embedding and module.weight.dtype == mx.float32:
-            return small_matmul(x, module.weight)
+            return small_matmul(x, module.weight, exact=True)
         return module.as_linear(x)
     if type(module) is nn.Linear and module.weight.dtype == mx.float32:
-        y = small_matmul(x, module.weight)
+        y = small_matmul(x, module.weight, exact=True)
         return y + module["bias"] if "bias" in module else y
     return module(x)
 
@@ -123,5 +126,5 @@ def linear_rows_exact(module: nn.Module, m: int) -> bool:
     if type(module) in (nn.QuantizedEmbedding, nn.QuantizedLinear) and module.mode == "affine":
         return use_quantized_small_matmul(m, module.group_size, module.bits)
     if type(module) in (nn.Embedding, nn.Linear) and module.weight.dtype == mx.float32:
-        return use_small_matmul(m, *module.weight.shape)
+        return use_small_matmul(m, *module.weight.shape, exact=True)
     return False

@@ -23,7 +23,9 @@ read on the host and each chosen expert runs one product over all its rows (the 
 kernels): MLX's CPU ``gather_mm`` runs one single-row product per (row, expert) pair, so its
 cost grows with the pairs (measured: linear in rows, sorted or not), and takes float32 only.
 Where the native kernels run, a decode step's one row takes ``grouped`` too, so that it gets
-the bits a verify gives it.
+the bits a verify gives it; the price is that reading the router's choices on the host ends
+plain decoding's overlap (``plain_pipeline``: the next step's graph built while this one runs)
+at every MoE layer.
 Elsewhere (``SwitchGLU.gathered``) the pairs are sorted by expert through ``mx.gather_mm`` /
 ``mx.gather_qmm`` with ``sorted_indices=True``, as mlx-lm's ``switch_layers`` does (it sorts
 only from 64 pairs up). ``experts_loop`` is the naive per-row twin the tests check both against.

@@ -44,7 +44,10 @@ class _Shards:
         if not self.pending and self.written:
             return
         f = self.folder / f"shard-{len(self.written):05d}.safetensors"
-        mx.save_safetensors(str(f), self.pending, metadata={"format": "mlx"})
+        try:
+            mx.save_safetensors(str(f), self.pending, metadata={"format": "mlx"})
+        except RuntimeError as e:  # MLX's way of saying the file could not be written
+            raise OSError(str(e)) from e
         self.written.append(f)
         self.pending, self.size = {}, 0
         mx.clear_cache()  # the written arrays' memory back to the system, not MLX's cache
