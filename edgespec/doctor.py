@@ -342,8 +342,7 @@ def run_doctor(model_ref: str = "demo", dtype: str | None = None, both_curves: b
         "widened": [{"bits": b, "to": t, "layers": n}
                     for (b, t), n in sorted(target.model.widened.items())],
         "rounded": {kind: len(mods) for kind, mods in sorted(target.model.rounded.items())},
-        "native_blocks": sum(bool(getattr(b, "native_ready", lambda: False)())
-                             for b in target.model.model.layers) if use_native_block() else 0,
+        "native_blocks": target.model.native_block_count() if use_native_block() else 0,
         "forward_ms": {n: round(t * 1e3, 2) for n, t in times.items()},
         "forward_ratio_8_vs_1": round(times[8] / times[1], 2),
         "quantized": target.quantized,

@@ -33,20 +33,8 @@ from edgespec.kernels.backend import set_q8_activations
 from edgespec.targets import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prefill_ttft import prompt_text  # noqa: E402  (a sibling script)
-
-PROMPTS = ["The history of the printing press begins", "def fibonacci(n):",
-           "Once upon a time, in a small village by the sea,", "The capital of France is"]
-
-
-def decode(target, tokens: int) -> tuple[float, list[list[int]]]:
-    done, outs, t0 = 0, [], time.perf_counter()
-    for prompt in PROMPTS:
-        ids = [t for step in Engine(target).stream(prompt, max_tokens=tokens)
-               for t in step.token_ids]
-        done += len(ids)
-        outs.append(ids)
-    return done / (time.perf_counter() - t0), outs
+from prefill_ttft import prompt_text  # noqa: E402  (sibling scripts)
+from widen_ab import PROMPTS, decode  # noqa: E402
 
 
 def main(model: str = "gemma3-270m", dtype: str = "auto", rounds: str = "3",

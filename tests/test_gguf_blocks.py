@@ -119,6 +119,22 @@ def _write_tiny_gemma3(path, types: dict | None = None) -> None:
     w.close()
 
 
+def dequantized_weights(path, model, tmap: TensorNameMap,
+                        norm_shift: float = 0.0) -> dict[str, mx.array]:
+    """``model``'s parameters but a tied ``lm_head``, each the ``gguf`` package's dequantization
+    of the tensor ``tmap`` names in the file at ``path`` (norm weights minus ``norm_shift``,
+    what llama.cpp added)."""
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    weights = {}
+    for hf, p in tree_flatten(model.parameters()):
+        if hf.startswith("lm_head"):
+            continue
+        t = tensors[_gguf_name(tmap, hf)]
+        w = quants.dequantize(t.data, t.tensor_type).reshape(p.shape).astype(np.float32)
+        weights[hf] = mx.array(w - norm_shift if hf.endswith("norm.weight") else w)
+    return weights
+
+
 def _reference_model(path, config: dict):
     """mlx-lm's gemma3_text on the ``gguf`` package's dequantization of every tensor of the
     file at ``path`` (names through ``TensorNameMap``, norms minus the 1 llama.cpp added)."""
@@ -126,15 +142,8 @@ def _reference_model(path, config: dict):
 
     model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
     tmap = TensorNameMap(MODEL_ARCH.GEMMA3, config["num_hidden_layers"])
-    tensors = {t.name: t for t in GGUFReader(path).tensors}
-    weights = []
-    for hf, p in tree_flatten(model.parameters()):
-        if hf.startswith("lm_head"):
-            continue
-        t = tensors[_gguf_name(tmap, hf)]
-        w = quants.dequantize(t.data, t.tensor_type).reshape(p.shape).astype(np.float32)
-        weights.append((hf, mx.array(w - 1.0 if hf.endswith("norm.weight") else w)))
-    model.load_weights(model.sanitize(dict(weights)).items(), strict=True)  # no lm_head: tied
+    weights = dequantized_weights(path, model, tmap, norm_shift=1.0)
+    model.load_weights(model.sanitize(weights).items(), strict=True)  # no lm_head: tied
     return model
 
 

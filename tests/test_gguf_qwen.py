@@ -12,7 +12,7 @@ import edgespec  # noqa: F401  (loads the optimized BLAS before mlx)
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter, TensorNameMap, quants
+from gguf import GGUFWriter, TensorNameMap, quants
 from gguf import GGMLQuantizationType as T
 from gguf.constants import MODEL_ARCH
 from mlx.utils import tree_flatten
@@ -22,7 +22,7 @@ from edgespec.loading.tokenizer import Tokenizer
 from edgespec.targets import load_target
 
 from ._gguf_fixtures import TOKENS, _add_tokenizer
-from .test_gguf_blocks import random_blocks
+from .test_gguf_blocks import dequantized_weights, random_blocks
 
 pytest.importorskip("mlx_lm")
 
@@ -88,17 +88,8 @@ def _write(path, arch: str) -> None:
 def _reference(path, arch: str):
     """mlx-lm's ``arch`` model on the ``gguf`` package's dequantization of the file."""
     _, model = _mlx_lm_model(arch)
-    tmap = TensorNameMap(_ARCHS[arch], _LAYERS)
-    tensors = {t.name: t for t in GGUFReader(path).tensors}
-    weights = []
-    for hf, p in tree_flatten(model.parameters()):
-        if hf.startswith("lm_head"):
-            continue
-        module, _, suffix = hf.rpartition(".")
-        t = tensors[f"{tmap.get_name(module)}.{suffix}"]
-        weights.append((hf, mx.array(quants.dequantize(t.data, t.tensor_type)
-                                     .reshape(p.shape).astype(np.float32))))
-    model.load_weights(weights, strict=False)  # tied: no lm_head
+    weights = dequantized_weights(path, model, TensorNameMap(_ARCHS[arch], _LAYERS))
+    model.load_weights(list(weights.items()), strict=False)  # tied: no lm_head
     return model
 
 

@@ -95,10 +95,9 @@ class FusedBlock:
         # quantized weights the native kernel takes (4/8 bits, groups of 32/64/128); per-head
         # q/k norms (qwen3) with the block's own eps, their weights after the products'.
         self.native_args = None
+        # (a sandwich block whose norms differ in eps has no fused form at all: ``refuses``)
         eps = block.input_layernorm.eps  # the native block's one eps for all its norms
         qk_ok = "nq" not in weights or a.q_norm.eps == a.k_norm.eps == eps
-        if self.sandwich:
-            qk_ok = qk_ok and all(n.eps == eps for n in block.norms())
         if qk_ok and native_takes(quant):
             if halves is None and quant is not None and on_cpu():
                 self.halves = _half_copies(weights, quant)
@@ -369,18 +368,29 @@ def _take_placed(placed: list[mx.array], names: tuple, quantized: bool, o_proj,
     return streamed, halves
 
 
-def quant_key(block) -> tuple | None:
-    """(group size, bits) of the q|k|v, o, gate|up and down products of a block whose
-    projections are all affine QuantizedLinear layers with q/k/v and gate/up alike (in bits
-    and in having biases or not: qwen2's q/k/v have them, added after the product as for float
-    layers); None otherwise (a float block, or one the quantized fused path does not take)."""
+def quantized_products(block) -> tuple[list, ...] | None:
+    """The layers of the q|k|v, o, gate|up and down products of a block whose projections are
+    all affine QuantizedLinear layers, each joined group alike in having biases or not (qwen2's
+    q/k/v have them, added after the product as for float layers); None otherwise. Their widths
+    may still differ (``quant_key``; ``qmatmul.match_widths`` makes them alike)."""
     a, m = block.self_attn, block.mlp
     groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj])
-    key = []
     for mods in groups:
         if any(type(lin) is not nn.QuantizedLinear or lin.mode != "affine"
                or "biases" not in lin for lin in mods) or len({"bias" in lin for lin in mods}) > 1:
             return None
+    return groups
+
+
+def quant_key(block) -> tuple | None:
+    """(group size, bits) of the q|k|v, o, gate|up and down products of a block whose
+    ``quantized_products`` are alike in bits and group size within each group; None otherwise
+    (a float block, or one the quantized fused path does not take)."""
+    groups = quantized_products(block)
+    if groups is None:
+        return None
+    key = []
+    for mods in groups:
         params = {(lin.group_size, lin.bits) for lin in mods}
         if len(params) != 1:
             return None

@@ -355,6 +355,11 @@ class Decoder(nn.Module):
         """Whether every block runs small forwards as one native operation."""
         return all(getattr(b, "native_ready", lambda: False)() for b in self.model.layers)
 
+    def native_block_count(self) -> int:
+        """How many blocks run small forwards as one native operation (``native_blocks``:
+        all of them)."""
+        return sum(bool(getattr(b, "native_ready", lambda: False)()) for b in self.model.layers)
+
     def output_head(self) -> nn.Module:
         """The module the LM head applies: the tied embedding, or ``lm_head``."""
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head

@@ -32,7 +32,7 @@ import mlx.nn as nn
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..kernels.backend import native_enabled
-from ..kernels.fused_block import refuses
+from ..kernels.fused_block import quantized_products, refuses
 from ..kernels.qmatmul import match_widths, widen_for_native
 from ..loading.gguf.tensors import DENSE_DECODED_KEY
 from ..loading.tokenizer import Tokenizer
@@ -111,17 +111,14 @@ def load_target(path: Path, dtype: str | None = None) -> Target:
 
 def _joined_products(block) -> list[list[nn.Module]]:
     """The layers a fused block joins into one product each (q/k/v, gate/up), where alike
-    widths would give it its fused form: its seven products affine quantized layers (a joined
-    group alike in having biases) and nothing else refusing it (``fused_block.refuses``); none
-    otherwise, so that nothing is re-packed for a block that would keep the module path."""
-    a, m = block.self_attn, block.mlp
-    layers = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-    if any(type(lin) is not nn.QuantizedLinear or lin.mode != "affine" or "biases" not in lin
-           for lin in layers) or refuses(block):
+    widths would give it its fused form (``fused_block.quantized_products``, and nothing else
+    refusing it: ``fused_block.refuses``); none otherwise, so that nothing is re-packed for a
+    block that would keep the module path."""
+    groups = quantized_products(block)
+    if groups is None or refuses(block):
         return []
-    if any(len({"bias" in lin for lin in group}) > 1 for group in (layers[:3], layers[4:6])):
-        return []
-    return [[a.q_proj, a.k_proj, a.v_proj], [m.gate_proj, m.up_proj]]
+    qkv, _, gate_up, _ = groups
+    return [qkv, gate_up]
 
 
 Q6K_ENV = "EDGESPEC_Q6K"
