@@ -20,8 +20,8 @@ from .tokenizer import tokenizer_files
 
 SHARD_BYTES = 2 << 30
 """Converted arrays written to a weights file at a time: the conversion holds at most about this
-much besides the tensor being decoded, where holding every tensor until one write peaked at
-the model's size again (a 7B Q4_K_M file: 15.7 GB with the load that followed)."""
+much besides the tensor being decoded, where holding every tensor until one write held the
+whole model (docs/measurements.md, "The conversion's memory")."""
 
 
 class _Shards:
